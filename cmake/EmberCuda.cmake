@@ -1,0 +1,36 @@
+# Decides whether the CUDA backend is built (EMBER_CUDA=AUTO|ON|OFF) and finds the CUDA libraries it uses.
+# Sets EMBER_WITH_CUDA, and EMBER_WITH_CUDNN when cuDNN headers and library are found.
+set(EMBER_WITH_CUDA OFF)
+set(EMBER_WITH_CUDNN OFF)
+string(TOUPPER "${EMBER_CUDA}" _ember_cuda)
+if(NOT _ember_cuda MATCHES "^(AUTO|ON|OFF)$")
+  message(FATAL_ERROR "EMBER_CUDA must be AUTO, ON or OFF (got '${EMBER_CUDA}')")
+endif()
+
+if(NOT _ember_cuda STREQUAL "OFF")
+  include(CheckLanguage)
+  check_language(CUDA)
+  if(CMAKE_CUDA_COMPILER)
+    enable_language(CUDA)
+    set(CMAKE_CUDA_STANDARD 20)
+    set(CMAKE_CUDA_STANDARD_REQUIRED ON)
+    find_package(CUDAToolkit REQUIRED)
+    set(EMBER_WITH_CUDA ON)
+  elseif(_ember_cuda STREQUAL "ON")
+    message(FATAL_ERROR "EMBER_CUDA=ON but no CUDA compiler (nvcc) was found")
+  else()
+    message(STATUS "ember: nvcc not found, building the CPU-only library")
+  endif()
+endif()
+
+if(EMBER_WITH_CUDA)
+  # cuDNN ships with the toolkit here and inside Python wheels (site-packages/nvidia/cudnn) on other machines.
+  set(_cudnn_hints ${CUDAToolkit_INCLUDE_DIRS} $ENV{CUDNN_ROOT}/include ${CUDNN_ROOT}/include)
+  find_path(CUDNN_INCLUDE_DIR cudnn.h HINTS ${_cudnn_hints})
+  find_library(CUDNN_LIBRARY NAMES cudnn libcudnn.so.9
+               HINTS ${CUDAToolkit_LIBRARY_DIR} $ENV{CUDNN_ROOT}/lib ${CUDNN_ROOT}/lib)
+  if(CUDNN_INCLUDE_DIR AND CUDNN_LIBRARY)
+    set(EMBER_WITH_CUDNN ON)
+  endif()
+  message(STATUS "ember: CUDA ${CUDAToolkit_VERSION}, architectures ${CMAKE_CUDA_ARCHITECTURES}, cuDNN ${EMBER_WITH_CUDNN}")
+endif()

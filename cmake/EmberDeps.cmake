@@ -1,0 +1,31 @@
+# Third-party dependencies: Eigen (CPU math), GoogleTest (tests), Google Benchmark (bench).
+# Each can come from the system or, on machines without the Debian packages, from a carried source tree.
+set(EMBER_EIGEN_INCLUDE_DIR "" CACHE PATH "Directory holding Eigen/ (default: find_package(Eigen3))")
+if(EMBER_EIGEN_INCLUDE_DIR)
+  add_library(Eigen3::Eigen INTERFACE IMPORTED)
+  set_target_properties(Eigen3::Eigen PROPERTIES INTERFACE_INCLUDE_DIRECTORIES "${EMBER_EIGEN_INCLUDE_DIR}")
+else()
+  find_package(Eigen3 3.3 REQUIRED NO_MODULE)
+endif()
+
+find_package(Threads REQUIRED)
+
+if(EMBER_BUILD_TESTS)
+  if(EMBER_GTEST_SOURCE_DIR)
+    set(INSTALL_GTEST OFF CACHE BOOL "" FORCE)
+    set(BUILD_GMOCK OFF CACHE BOOL "" FORCE)
+    add_subdirectory(${EMBER_GTEST_SOURCE_DIR} ${CMAKE_BINARY_DIR}/_deps/googletest EXCLUDE_FROM_ALL)
+    add_library(GTest::gtest ALIAS gtest)
+    add_library(GTest::gtest_main ALIAS gtest_main)
+  else()
+    find_package(GTest REQUIRED)
+  endif()
+endif()
+
+if(EMBER_BUILD_BENCH)
+  find_package(benchmark QUIET)
+  if(NOT benchmark_FOUND)
+    message(STATUS "ember: Google Benchmark not found, benchmarks are not built")
+    set(EMBER_BUILD_BENCH OFF)
+  endif()
+endif()

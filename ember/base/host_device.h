@@ -1,0 +1,10 @@
+// EMBER_HD marks element math that both the CPU reference and the CUDA kernels compile (DESIGN.md §3).
+#pragma once
+
+#if defined(__CUDACC__)
+#define EMBER_HD __host__ __device__
+#define EMBER_HD_INLINE __host__ __device__ __forceinline__
+#else
+#define EMBER_HD
+#define EMBER_HD_INLINE inline
+#endif

@@ -1,0 +1,118 @@
+// Tensor factories: empty/zeros/ones/full/arange/rand/randn/from_vector. Data-filling ones go through the device's
+// fill, arange and random kernels (core_stubs.h), so they work on every device that registers them.
+#include <cmath>
+#include <cstring>
+
+#include "ember/core/core_stubs.h"
+#include "ember/core/generator.h"
+#include "ember/core/philox.h"
+#include "ember/core/tensor.h"
+
+namespace ember {
+
+EMBER_DEFINE_STUB(copy, CopyFn);
+EMBER_DEFINE_STUB(fill, FillFn);
+EMBER_DEFINE_STUB(arange, ArangeFn);
+EMBER_DEFINE_STUB(random, RandomFn);
+
+Tensor empty(const Shape& shape, TensorOptions opts) {
+  return empty_strided(shape, contiguous_strides(shape), opts);
+}
+
+Tensor empty_strided(const Shape& shape, const Shape& strides, TensorOptions opts) {
+  check_sizes(shape, "empty");
+  EMBER_CHECK(shape.size() == strides.size(), ShapeError, "empty_strided: ", shape.size(), " sizes but ",
+              strides.size(), " strides");
+  int64_t extent = numel_of(shape) == 0 ? 0 : 1;
+  for (size_t i = 0; i < shape.size() && extent > 0; ++i) {
+    EMBER_CHECK(strides[i] >= 0, ShapeError, "empty_strided: negative stride in ", shape_str(strides));
+    extent += (shape[i] - 1) * strides[i];
+  }
+  auto impl = std::make_shared<TensorImpl>();
+  impl->storage = std::make_shared<StorageImpl>(extent * itemsize(opts.dtype), opts.device);
+  impl->sizes = shape;
+  impl->strides = strides;
+  impl->dtype = opts.dtype;
+  return Tensor(std::move(impl));
+}
+
+Tensor full(const Shape& shape, Scalar value, TensorOptions opts) {
+  Tensor t = empty(shape, opts);
+  t.fill_(value);
+  return t;
+}
+Tensor zeros(const Shape& shape, TensorOptions opts) { return full(shape, 0, opts); }
+Tensor ones(const Shape& shape, TensorOptions opts) { return full(shape, 1, opts); }
+Tensor empty_like(const Tensor& t) { return empty(t.sizes(), {t.dtype(), t.device()}); }
+Tensor zeros_like(const Tensor& t) { return zeros(t.sizes(), {t.dtype(), t.device()}); }
+Tensor ones_like(const Tensor& t) { return ones(t.sizes(), {t.dtype(), t.device()}); }
+Tensor scalar_tensor(Scalar value, TensorOptions opts) { return full({}, value, opts); }
+
+Tensor arange(Scalar start, Scalar end, Scalar step, TensorOptions opts) {
+  const double s = start.to_double(), e = end.to_double(), st = step.to_double();
+  EMBER_CHECK(st != 0.0, ValueError, "arange: step must be nonzero");
+  EMBER_CHECK(std::isfinite(s) && std::isfinite(e) && std::isfinite(st), ValueError, "arange: bounds must be finite");
+  EMBER_CHECK((e - s) / st >= 0.0, ValueError, "arange: step ", st, " does not lead from ", s, " to ", e);
+  const int64_t n = static_cast<int64_t>(std::ceil((e - s) / st));
+  Tensor t = empty({n}, opts);
+  if (n > 0 && !t.device().is_meta()) arange_stub.get(t.device().type)(t, s, st);
+  return t;
+}
+
+Tensor arange(Scalar end, TensorOptions opts) { return arange(0, end, 1, opts); }
+Tensor arange(int64_t end) { return arange(0, end, 1, TensorOptions(DType::i64)); }
+
+namespace {
+Tensor random_tensor(const Shape& shape, RandomKind kind, double a, double b, TensorOptions opts, const char* op) {
+  EMBER_CHECK(is_floating(opts.dtype), DTypeError, op, ": needs a floating dtype, got ", dtype_name(opts.dtype));
+  Tensor t = empty(shape, opts);
+  const uint64_t n = static_cast<uint64_t>(t.numel());
+  const uint64_t counters = kind == RandomKind::Uniform ? philox_uniform_counters(n) : philox_normal_counters(n);
+  const PhiloxState st = default_generator().reserve(counters);
+  if (n > 0 && !t.device().is_meta()) random_stub.get(t.device().type)(t, kind, a, b, st.seed, st.offset);
+  return t;
+}
+}  // namespace
+
+Tensor uniform(const Shape& shape, double low, double high, TensorOptions opts) {
+  EMBER_CHECK(low <= high, ValueError, "uniform: low ", low, " > high ", high);
+  return random_tensor(shape, RandomKind::Uniform, low, high, opts, "uniform");
+}
+Tensor normal(const Shape& shape, double mean, double stddev, TensorOptions opts) {
+  EMBER_CHECK(stddev >= 0.0, ValueError, "normal: stddev must be >= 0, got ", stddev);
+  return random_tensor(shape, RandomKind::Normal, mean, stddev, opts, "normal");
+}
+Tensor rand(const Shape& shape, TensorOptions opts) { return uniform(shape, 0.0, 1.0, opts); }
+Tensor randn(const Shape& shape, TensorOptions opts) { return normal(shape, 0.0, 1.0, opts); }
+
+template <class T>
+Tensor from_vector(const std::vector<T>& values, const Shape& shape, TensorOptions opts) {
+  check_sizes(shape, "from_vector");
+  EMBER_CHECK(numel_of(shape) == static_cast<int64_t>(values.size()), ShapeError, "from_vector: ", values.size(),
+              " values do not fill shape ", shape_str(shape));
+  Tensor host = empty(shape, {dtype_of_v<T>, Device::cpu()});
+  if constexpr (std::is_same_v<T, bool>) {
+    bool* p = host.data<bool>();
+    for (size_t i = 0; i < values.size(); ++i) p[i] = values[i];
+  } else if (!values.empty()) {
+    std::memcpy(host.raw_data(), values.data(), values.size() * sizeof(T));
+  }
+  return host.to(opts.device, opts.dtype);
+}
+
+template Tensor from_vector<float>(const std::vector<float>&, const Shape&, TensorOptions);
+template Tensor from_vector<double>(const std::vector<double>&, const Shape&, TensorOptions);
+template Tensor from_vector<Half>(const std::vector<Half>&, const Shape&, TensorOptions);
+template Tensor from_vector<BFloat16>(const std::vector<BFloat16>&, const Shape&, TensorOptions);
+template Tensor from_vector<int32_t>(const std::vector<int32_t>&, const Shape&, TensorOptions);
+template Tensor from_vector<int64_t>(const std::vector<int64_t>&, const Shape&, TensorOptions);
+template Tensor from_vector<uint8_t>(const std::vector<uint8_t>&, const Shape&, TensorOptions);
+template Tensor from_vector<bool>(const std::vector<bool>&, const Shape&, TensorOptions);
+
+Tensor tensor(std::initializer_list<float> values, TensorOptions opts) {
+  std::vector<float> v(values);
+  const int64_t n = static_cast<int64_t>(v.size());
+  return from_vector(v, {n}, opts);
+}
+
+}  // namespace ember

@@ -1,0 +1,60 @@
+// Printing tensors PyTorch-style: nested brackets, summarised with "..." past a size limit, then dtype and device.
+#include <cmath>
+#include <cstdio>
+#include <sstream>
+
+#include "ember/core/tensor.h"
+
+namespace ember {
+
+namespace {
+
+constexpr int64_t kEdgeItems = 3;
+
+void print_rec(std::ostringstream& os, const std::vector<double>& v, const Shape& sizes, const Shape& strides,
+               int64_t dim, int64_t base, bool summarize, bool integral, int indent) {
+  if (dim == static_cast<int64_t>(sizes.size())) {
+    char buf[48];
+    const double x = v[static_cast<size_t>(base)];
+    if (integral) std::snprintf(buf, sizeof buf, "%lld", static_cast<long long>(x));
+    else if (std::isnan(x)) std::snprintf(buf, sizeof buf, "nan");
+    else if (std::isinf(x)) std::snprintf(buf, sizeof buf, x > 0 ? "inf" : "-inf");
+    else std::snprintf(buf, sizeof buf, "%.4f", x);
+    os << buf;
+    return;
+  }
+  os << '[';
+  const int64_t n = sizes[dim];
+  for (int64_t i = 0; i < n; ++i) {
+    if (summarize && n > 2 * kEdgeItems && i == kEdgeItems) {
+      os << "...";
+      i = n - kEdgeItems - 1;
+      os << (dim + 1 == static_cast<int64_t>(sizes.size()) ? ", " : ",\n" + std::string(indent + 1, ' '));
+      continue;
+    }
+    print_rec(os, v, sizes, strides, dim + 1, base + i * strides[dim], summarize, integral, indent + 1);
+    if (i + 1 < n) os << (dim + 1 == static_cast<int64_t>(sizes.size()) ? ", " : ",\n" + std::string(indent + 1, ' '));
+  }
+  os << ']';
+}
+
+}  // namespace
+
+std::string to_string(const Tensor& t, int64_t max_elements) {
+  if (!t.defined()) return "tensor(undefined)";
+  std::ostringstream os;
+  os << "tensor(";
+  if (t.device().is_meta()) {
+    os << "..., size=" << shape_str(t.sizes());
+  } else {
+    const std::vector<double> v = t.to_vector<double>();
+    const Shape st = contiguous_strides(t.sizes());
+    print_rec(os, v, t.sizes(), st, 0, 0, t.numel() > max_elements, is_integral(t.dtype()), 7);
+  }
+  os << ", dtype=" << dtype_name(t.dtype()) << ", device=" << t.device().str() << ")";
+  return os.str();
+}
+
+std::ostream& operator<<(std::ostream& os, const Tensor& t) { return os << to_string(t); }
+
+}  // namespace ember

@@ -1,0 +1,42 @@
+// Refcounted bytes on one device, obtained from a memory:: allocator and returned to it when the last reference goes.
+// Invariant: every view of a tensor shares one Storage; the version counter counts in-place writes to it (autograd
+// uses it to detect modification of saved tensors).
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+
+#include "ember/core/device.h"
+#include "ember/memory/allocator.h"
+
+namespace ember {
+
+// The allocator that serves tensors on `device` (host allocator for cpu, the device's allocator for cuda).
+// Throws DeviceError for meta (it has no bytes) and for unavailable devices.
+memory::Allocator& allocator_for(Device device);
+
+class StorageImpl {
+ public:
+  StorageImpl(int64_t nbytes, Device device);  // allocates (no bytes for meta)
+  ~StorageImpl();
+  StorageImpl(const StorageImpl&) = delete;
+  StorageImpl& operator=(const StorageImpl&) = delete;
+
+  void* data() const { return data_; }
+  int64_t nbytes() const { return nbytes_; }
+  Device device() const { return device_; }
+  int64_t version() const { return version_.load(std::memory_order_relaxed); }
+  void bump_version() { version_.fetch_add(1, std::memory_order_relaxed); }
+
+ private:
+  void* data_ = nullptr;
+  int64_t nbytes_ = 0;
+  Device device_;
+  memory::Allocator* allocator_ = nullptr;
+  std::atomic<int64_t> version_{0};
+};
+
+using Storage = std::shared_ptr<StorageImpl>;
+
+}  // namespace ember

@@ -1,0 +1,368 @@
+// Tensor metadata and view operations (no data movement), plus copy_/fill_/contiguous/to, which move data through
+// the device's copy and fill kernels (core_stubs.h).
+#include "ember/core/tensor.h"
+
+#include <algorithm>
+#include <cstring>
+#include <optional>
+
+#include "ember/core/core_stubs.h"
+#include "ember/memory/cuda_device.h"
+
+namespace ember {
+
+int64_t Tensor::size(int64_t d) const { return sizes()[wrap_dim(d, dim(), "Tensor::size")]; }
+int64_t Tensor::stride(int64_t d) const { return strides()[wrap_dim(d, dim(), "Tensor::stride")]; }
+
+bool Tensor::is_contiguous() const {
+  int64_t expected = 1;
+  for (int64_t i = dim() - 1; i >= 0; --i) {
+    const int64_t s = sizes()[i];
+    if (s == 0) return true;
+    if (s != 1 && strides()[i] != expected) return false;
+    expected *= s;
+  }
+  return true;
+}
+
+std::string Tensor::description() const {
+  if (!defined()) return "undefined tensor";
+  return detail::concat(dtype_name(dtype()), shape_str(sizes()), " on ", device().str());
+}
+
+void* Tensor::raw_data() const {
+  void* base = impl().storage->data();
+  if (base == nullptr) return nullptr;
+  return static_cast<char*>(base) + impl().offset * itemsize();
+}
+
+Tensor Tensor::make_view(Shape sizes, Shape strides, int64_t offset, const char* op) const {
+  EMBER_CHECK(sizes.size() == strides.size(), ShapeError, op, ": ", sizes.size(), " sizes but ", strides.size(),
+              " strides");
+  check_sizes(sizes, op);
+  const int64_t n = numel_of(sizes);
+  if (n > 0) {
+    int64_t max_off = offset;
+    for (size_t i = 0; i < sizes.size(); ++i) {
+      EMBER_CHECK(strides[i] >= 0, ShapeError, op, ": negative strides are not supported");
+      max_off += (sizes[i] - 1) * strides[i];
+    }
+    const int64_t capacity = impl().storage->nbytes() / itemsize();
+    EMBER_CHECK(offset >= 0 && max_off < capacity, ShapeError, op, ": view ", shape_str(sizes), " with strides ",
+                shape_str(strides), " at offset ", offset, " exceeds the storage of ", capacity, " elements");
+  }
+  auto v = std::make_shared<TensorImpl>();
+  v->storage = impl().storage;
+  v->sizes = std::move(sizes);
+  v->strides = std::move(strides);
+  v->offset = offset;
+  v->dtype = dtype();
+  return Tensor(std::move(v));
+}
+
+Tensor Tensor::alias() const { return make_view(sizes(), strides(), storage_offset(), "alias"); }
+
+Tensor Tensor::as_strided(const Shape& sz, const Shape& st, int64_t offset) const {
+  return make_view(sz, st, offset, "as_strided");
+}
+
+namespace {
+
+Shape infer_size(const Shape& shape, int64_t numel, const char* op, const Shape& from) {
+  Shape out = shape;
+  int64_t known = 1;
+  int64_t infer = -1;
+  for (size_t i = 0; i < out.size(); ++i) {
+    if (out[i] == -1) {
+      EMBER_CHECK(infer < 0, ShapeError, op, ": only one dimension can be -1 in ", shape_str(shape));
+      infer = static_cast<int64_t>(i);
+    } else {
+      EMBER_CHECK(out[i] >= 0, ShapeError, op, ": invalid size ", out[i], " in ", shape_str(shape));
+      known *= out[i];
+    }
+  }
+  if (infer >= 0) {
+    EMBER_CHECK(known != 0 && numel % known == 0, ShapeError, op, ": shape ", shape_str(shape),
+                " is invalid for a tensor of shape ", shape_str(from), " (", numel, " elements)");
+    out[infer] = numel / known;
+  }
+  EMBER_CHECK(numel_of(out) == numel, ShapeError, op, ": shape ", shape_str(shape), " is invalid for a tensor of shape ",
+              shape_str(from), " (", numel, " elements)");
+  return out;
+}
+
+// Strides for viewing (sizes, strides) as new_sizes without a copy, if possible (the chunk-matching rule:
+// each run of dims that is contiguous within itself can be re-split freely).
+std::optional<Shape> view_strides(const Shape& old_sizes, const Shape& old_strides, const Shape& new_sizes) {
+  Shape new_strides(new_sizes.size());
+  if (numel_of(old_sizes) == 0) return contiguous_strides(new_sizes);
+  Shape os = old_sizes.empty() ? Shape{1} : old_sizes;
+  Shape ost = old_strides.empty() ? Shape{1} : old_strides;
+  int64_t view_d = static_cast<int64_t>(new_sizes.size()) - 1;
+  int64_t chunk_base_stride = ost.back();
+  int64_t tensor_numel = 1, view_numel = 1;
+  for (int64_t td = static_cast<int64_t>(os.size()) - 1; td >= 0; --td) {
+    tensor_numel *= os[td];
+    if (td == 0 || (os[td - 1] != 1 && ost[td - 1] != tensor_numel * chunk_base_stride)) {
+      while (view_d >= 0 && (view_numel < tensor_numel || new_sizes[view_d] == 1)) {
+        new_strides[view_d] = view_numel * chunk_base_stride;
+        view_numel *= new_sizes[view_d];
+        --view_d;
+      }
+      if (view_numel != tensor_numel) return std::nullopt;
+      if (td > 0) {
+        chunk_base_stride = ost[td - 1];
+        tensor_numel = 1;
+        view_numel = 1;
+      }
+    }
+  }
+  if (view_d != -1) return std::nullopt;
+  return new_strides;
+}
+
+}  // namespace
+
+Tensor Tensor::view(const Shape& shape) const {
+  Shape sz = infer_size(shape, numel(), "view", sizes());
+  auto st = view_strides(sizes(), strides(), sz);
+  EMBER_CHECK(st.has_value(), ShapeError, "view: cannot view ", description(), " with strides ", shape_str(strides()),
+              " as ", shape_str(sz), " without a copy; use reshape() or contiguous() first");
+  return make_view(std::move(sz), std::move(*st), storage_offset(), "view");
+}
+
+Tensor Tensor::reshape(const Shape& shape) const {
+  Shape sz = infer_size(shape, numel(), "reshape", sizes());
+  if (auto st = view_strides(sizes(), strides(), sz)) return make_view(std::move(sz), std::move(*st), storage_offset(), "reshape");
+  return contiguous().view(sz);
+}
+
+Tensor Tensor::flatten(int64_t start_dim, int64_t end_dim) const {
+  if (dim() == 0) return reshape({1});
+  const int64_t s = wrap_dim(start_dim, dim(), "flatten"), e = wrap_dim(end_dim, dim(), "flatten");
+  EMBER_CHECK(s <= e, IndexError, "flatten: start_dim ", start_dim, " comes after end_dim ", end_dim);
+  Shape out(sizes().begin(), sizes().begin() + s);
+  int64_t m = 1;
+  for (int64_t i = s; i <= e; ++i) m *= sizes()[i];
+  out.push_back(m);
+  out.insert(out.end(), sizes().begin() + e + 1, sizes().end());
+  return reshape(out);
+}
+
+Tensor Tensor::transpose(int64_t d0, int64_t d1) const {
+  if (dim() == 0) return alias();
+  const int64_t a = wrap_dim(d0, dim(), "transpose"), b = wrap_dim(d1, dim(), "transpose");
+  Shape sz = sizes(), st = strides();
+  std::swap(sz[a], sz[b]);
+  std::swap(st[a], st[b]);
+  return make_view(std::move(sz), std::move(st), storage_offset(), "transpose");
+}
+
+Tensor Tensor::t() const {
+  EMBER_CHECK(dim() <= 2, ShapeError, "t: expects a tensor with <= 2 dims, got ", description());
+  return dim() < 2 ? alias() : transpose(0, 1);
+}
+
+Tensor Tensor::permute(const std::vector<int64_t>& dims) const {
+  EMBER_CHECK(static_cast<int64_t>(dims.size()) == dim(), ShapeError, "permute: got ", dims.size(),
+              " dims for ", description());
+  Shape sz(dims.size()), st(dims.size());
+  std::vector<bool> seen(dims.size(), false);
+  for (size_t i = 0; i < dims.size(); ++i) {
+    const int64_t d = wrap_dim(dims[i], dim(), "permute");
+    EMBER_CHECK(!seen[d], IndexError, "permute: dim ", d, " repeated in ", shape_str(dims));
+    seen[d] = true;
+    sz[i] = sizes()[d];
+    st[i] = strides()[d];
+  }
+  return make_view(std::move(sz), std::move(st), storage_offset(), "permute");
+}
+
+Tensor Tensor::slice(int64_t d, int64_t start, int64_t end, int64_t step) const {
+  const int64_t w = wrap_dim(d, dim(), "slice");
+  EMBER_CHECK(dim() > 0, IndexError, "slice: cannot slice a 0-d tensor");
+  EMBER_CHECK(step > 0, ValueError, "slice: step must be positive, got ", step);
+  const int64_t n = sizes()[w];
+  auto clampi = [n](int64_t i) { return std::clamp<int64_t>(i < 0 ? i + n : i, 0, n); };
+  const int64_t s = clampi(start), e = std::max(clampi(end), s);
+  Shape sz = sizes(), st = strides();
+  sz[w] = (e - s + step - 1) / step;
+  st[w] = strides()[w] * step;
+  return make_view(std::move(sz), std::move(st), storage_offset() + s * strides()[w], "slice");
+}
+
+Tensor Tensor::narrow(int64_t d, int64_t start, int64_t length) const {
+  const int64_t w = wrap_dim(d, dim(), "narrow");
+  EMBER_CHECK(dim() > 0, IndexError, "narrow: cannot narrow a 0-d tensor");
+  const int64_t n = sizes()[w];
+  const int64_t s = start < 0 ? start + n : start;
+  EMBER_CHECK(s >= 0 && length >= 0 && s + length <= n, IndexError, "narrow: start ", start, " length ", length,
+              " is out of range for dim ", w, " of size ", n, " of ", description());
+  return slice(w, s, s + length);
+}
+
+Tensor Tensor::select(int64_t d, int64_t index) const {
+  EMBER_CHECK(dim() > 0, IndexError, "select: cannot select on a 0-d tensor");
+  const int64_t w = wrap_dim(d, dim(), "select");
+  const int64_t n = sizes()[w];
+  const int64_t i = index < 0 ? index + n : index;
+  EMBER_CHECK(i >= 0 && i < n, IndexError, "select: index ", index, " is out of range for dim ", w, " of size ", n);
+  Shape sz = sizes(), st = strides();
+  const int64_t off = storage_offset() + i * st[w];
+  sz.erase(sz.begin() + w);
+  st.erase(st.begin() + w);
+  return make_view(std::move(sz), std::move(st), off, "select");
+}
+
+Tensor Tensor::expand(const Shape& shape) const {
+  EMBER_CHECK(shape.size() >= sizes().size(), ShapeError, "expand: cannot expand ", description(), " to ",
+              shape_str(shape), " (fewer dims)");
+  const size_t lead = shape.size() - sizes().size();
+  Shape sz(shape.size()), st(shape.size());
+  for (size_t i = 0; i < shape.size(); ++i) {
+    if (i < lead) {
+      EMBER_CHECK(shape[i] >= 0, ShapeError, "expand: size -1 is not allowed for a new leading dim in ",
+                  shape_str(shape));
+      sz[i] = shape[i];
+      st[i] = 0;
+      continue;
+    }
+    const int64_t old = sizes()[i - lead];
+    const int64_t want = shape[i] == -1 ? old : shape[i];
+    if (want == old) {
+      sz[i] = old;
+      st[i] = strides()[i - lead];
+    } else {
+      EMBER_CHECK(old == 1, ShapeError, "expand: cannot expand ", description(), " to ", shape_str(shape), " (dim ", i,
+                  ": ", old, " -> ", want, ")");
+      sz[i] = want;
+      st[i] = 0;
+    }
+  }
+  return make_view(std::move(sz), std::move(st), storage_offset(), "expand");
+}
+
+Tensor Tensor::squeeze() const {
+  Shape sz, st;
+  for (int64_t i = 0; i < dim(); ++i)
+    if (sizes()[i] != 1) {
+      sz.push_back(sizes()[i]);
+      st.push_back(strides()[i]);
+    }
+  return make_view(std::move(sz), std::move(st), storage_offset(), "squeeze");
+}
+
+Tensor Tensor::squeeze(int64_t d) const {
+  if (dim() == 0) return alias();
+  const int64_t w = wrap_dim(d, dim(), "squeeze");
+  if (sizes()[w] != 1) return alias();
+  Shape sz = sizes(), st = strides();
+  sz.erase(sz.begin() + w);
+  st.erase(st.begin() + w);
+  return make_view(std::move(sz), std::move(st), storage_offset(), "squeeze");
+}
+
+Tensor Tensor::unsqueeze(int64_t d) const {
+  const int64_t w = wrap_dim(d, dim() + 1, "unsqueeze");
+  Shape sz = sizes(), st = strides();
+  const int64_t new_stride = w < dim() ? sizes()[w] * strides()[w] : 1;
+  sz.insert(sz.begin() + w, 1);
+  st.insert(st.begin() + w, new_stride);
+  return make_view(std::move(sz), std::move(st), storage_offset(), "unsqueeze");
+}
+
+// ---- data movement ---------------------------------------------------------------------------------------------
+
+Tensor Tensor::contiguous() const {
+  if (is_contiguous()) return *this;
+  return clone();
+}
+
+Tensor Tensor::clone() const {
+  Tensor out = empty(sizes(), {dtype(), device()});
+  out.copy_(*this);
+  return out;
+}
+
+Tensor Tensor::to(Device dev) const { return to(dev, dtype()); }
+Tensor Tensor::to(DType dt) const { return to(device(), dt); }
+
+Tensor Tensor::to(Device dev, DType dt) const {
+  if (dev == device() && dt == dtype()) return *this;
+  Tensor out = empty(sizes(), {dt, dev});
+  out.copy_(*this);
+  return out;
+}
+
+Tensor& Tensor::copy_(const Tensor& src) {
+  EMBER_CHECK(src.defined(), ValueError, "copy_: source is an undefined tensor");
+  const Tensor s = src.expand(sizes());  // ShapeError when src does not broadcast to this shape
+  const Device dd = device(), sd = src.device();
+  bump_version();
+  if (numel() == 0 || dd.is_meta()) return *this;
+  EMBER_CHECK(!sd.is_meta(), DeviceError, "copy_: cannot copy data from a meta tensor into ", description());
+  if (dd == sd) {
+    copy_stub.get(dd.type)(s, *this);
+    return *this;
+  }
+  // Across devices: make a dense copy in the source dtype, move its bytes, then cast/scatter on the destination.
+  const Tensor dense = s.contiguous();
+  Tensor staged = empty(sizes(), {src.dtype(), dd});
+  using memory::cuda::CopyKind;
+  if (sd.is_cpu() && dd.is_cuda()) {
+    memory::cuda::copy_bytes(staged.raw_data(), dense.raw_data(), dense.nbytes(), CopyKind::HostToDevice, dd.index);
+  } else if (sd.is_cuda() && dd.is_cpu()) {
+    memory::cuda::copy_bytes(staged.raw_data(), dense.raw_data(), dense.nbytes(), CopyKind::DeviceToHost, sd.index);
+  } else if (sd.is_cuda() && dd.is_cuda()) {
+    memory::cuda::copy_bytes(staged.raw_data(), dense.raw_data(), dense.nbytes(), CopyKind::DeviceToDevice, dd.index);
+  } else {
+    EMBER_THROW(DeviceError, "copy_: unsupported copy from ", sd.str(), " to ", dd.str());
+  }
+  copy_stub.get(dd.type)(staged, *this);
+  return *this;
+}
+
+Tensor& Tensor::fill_(Scalar value) {
+  bump_version();
+  if (numel() == 0 || device().is_meta()) return *this;
+  fill_stub.get(device().type)(*this, value);
+  return *this;
+}
+
+template <class T>
+std::vector<T> Tensor::to_vector() const {
+  EMBER_CHECK(!device().is_meta(), DeviceError, "to_vector: ", description(), " holds no data");
+  const Tensor host = to(Device::cpu(), dtype_of_v<T>).contiguous();
+  const size_t n = static_cast<size_t>(host.numel());
+  if constexpr (std::is_same_v<T, bool>) {  // std::vector<bool> is bit-packed: convert element by element
+    const bool* p = static_cast<const bool*>(host.raw_data());
+    return std::vector<bool>(p, p + n);
+  } else {
+    std::vector<T> out(n);
+    if (n > 0) std::memcpy(static_cast<void*>(out.data()), host.raw_data(), n * sizeof(T));
+    return out;
+  }
+}
+
+template <class T>
+T Tensor::item() const {
+  EMBER_CHECK(numel() == 1, ShapeError, "item: expects a tensor with one element, got ", description());
+  return to_vector<T>()[0];
+}
+
+double Tensor::item_double() const { return item<double>(); }
+
+#define EMBER_INSTANTIATE_TENSOR_ACCESS(T)                 \
+  template std::vector<T> Tensor::to_vector<T>() const;    \
+  template T Tensor::item<T>() const;
+EMBER_INSTANTIATE_TENSOR_ACCESS(float)
+EMBER_INSTANTIATE_TENSOR_ACCESS(double)
+EMBER_INSTANTIATE_TENSOR_ACCESS(Half)
+EMBER_INSTANTIATE_TENSOR_ACCESS(BFloat16)
+EMBER_INSTANTIATE_TENSOR_ACCESS(int32_t)
+EMBER_INSTANTIATE_TENSOR_ACCESS(int64_t)
+EMBER_INSTANTIATE_TENSOR_ACCESS(uint8_t)
+EMBER_INSTANTIATE_TENSOR_ACCESS(bool)
+#undef EMBER_INSTANTIATE_TENSOR_ACCESS
+
+}  // namespace ember

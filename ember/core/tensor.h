@@ -1,0 +1,153 @@
+// Tensor: a strided view (sizes, strides, offset in elements, dtype) over a refcounted Storage on one device.
+// Copying a Tensor shares the data (reference semantics, like libtorch). View ops (view, transpose, permute, slice,
+// expand, squeeze, ...) never copy; contiguous/clone/to do, through the copy kernel of the device.
+// Invariant: every element a view can address lies inside its storage (checked when views are made).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "ember/core/device.h"
+#include "ember/core/dtype.h"
+#include "ember/core/scalar.h"
+#include "ember/core/shape.h"
+#include "ember/core/storage.h"
+
+namespace ember {
+
+// Opaque per-tensor state owned by layers above core (autograd keeps grad, grad_fn, requires_grad here).
+struct AutogradMetaBase {
+  virtual ~AutogradMetaBase() = default;
+};
+
+struct TensorImpl {
+  Storage storage;
+  Shape sizes;
+  Shape strides;
+  int64_t offset = 0;  // in elements
+  DType dtype = DType::f32;
+  std::shared_ptr<AutogradMetaBase> autograd_meta;
+};
+
+struct TensorOptions {
+  DType dtype = DType::f32;
+  Device device = Device::cpu();
+  TensorOptions() = default;
+  TensorOptions(DType d) : dtype(d) {}
+  TensorOptions(Device dev) : device(dev) {}
+  TensorOptions(DType d, Device dev) : dtype(d), device(dev) {}
+};
+
+class Tensor {
+ public:
+  Tensor() = default;  // undefined tensor
+  explicit Tensor(std::shared_ptr<TensorImpl> impl) : impl_(std::move(impl)) {}
+
+  // --- metadata -----------------------------------------------------------------------------------------------
+  bool defined() const { return impl_ != nullptr; }
+  const Shape& sizes() const { return impl().sizes; }
+  const Shape& strides() const { return impl().strides; }
+  Shape shape() const { return impl().sizes; }
+  int64_t size(int64_t dim) const;
+  int64_t stride(int64_t dim) const;
+  int64_t dim() const { return static_cast<int64_t>(impl().sizes.size()); }
+  int64_t numel() const { return numel_of(impl().sizes); }
+  int64_t storage_offset() const { return impl().offset; }
+  DType dtype() const { return impl().dtype; }
+  Device device() const { return impl().storage->device(); }
+  int64_t itemsize() const { return ember::itemsize(dtype()); }
+  int64_t nbytes() const { return numel() * itemsize(); }
+  bool is_contiguous() const;
+  const Storage& storage() const { return impl().storage; }
+  bool is_same(const Tensor& other) const { return impl_ == other.impl_; }
+  TensorImpl* unsafe_impl() const { return impl_.get(); }
+  std::string description() const;  // "f32[2, 3] on cpu"
+
+  // Pointer to the first element of this view (nullptr for meta / empty storage).
+  void* raw_data() const;
+  template <class T>
+  T* data() const {
+    EMBER_CHECK(dtype_of_v<T> == dtype(), DTypeError, "Tensor::data<", dtype_name(dtype_of_v<T>),
+                ">: tensor has dtype ", dtype_name(dtype()));
+    return static_cast<T*>(raw_data());
+  }
+
+  // --- views (no copy) -----------------------------------------------------------------------------------------
+  Tensor view(const Shape& shape) const;     // one -1 allowed; ShapeError when strides do not allow a view
+  Tensor reshape(const Shape& shape) const;  // a view when possible, else a contiguous copy
+  Tensor flatten(int64_t start_dim = 0, int64_t end_dim = -1) const;
+  Tensor transpose(int64_t d0, int64_t d1) const;
+  Tensor t() const;  // transpose of a 2-d tensor
+  Tensor permute(const std::vector<int64_t>& dims) const;
+  Tensor slice(int64_t dim, int64_t start, int64_t end, int64_t step = 1) const;  // Python-style clamping of bounds
+  Tensor narrow(int64_t dim, int64_t start, int64_t length) const;               // bounds must be in range
+  Tensor select(int64_t dim, int64_t index) const;                               // removes dim
+  Tensor expand(const Shape& shape) const;  // -1 keeps a size; size-1 dims broadcast with stride 0
+  Tensor broadcast_to(const Shape& shape) const { return expand(shape); }
+  Tensor squeeze() const;
+  Tensor squeeze(int64_t dim) const;
+  Tensor unsqueeze(int64_t dim) const;
+  Tensor as_strided(const Shape& sizes, const Shape& strides, int64_t offset) const;
+  Tensor alias() const;  // a new Tensor object sharing this view's storage and geometry
+
+  // --- copies ----------------------------------------------------------------------------------------------------
+  Tensor contiguous() const;  // *this when already contiguous
+  Tensor clone() const;
+  Tensor to(Device device) const;  // *this when already there
+  Tensor to(DType dtype) const;    // *this when already that dtype
+  Tensor to(Device device, DType dtype) const;
+  Tensor cpu() const { return to(Device::cpu()); }
+  Tensor& copy_(const Tensor& src);  // src broadcasts to this shape; dtype cast; devices may differ
+  Tensor& fill_(Scalar value);
+  Tensor& zero_() { return fill_(0); }
+
+  template <class T>
+  T item() const;
+  double item_double() const;          // value of a one-element tensor as double
+  template <class T>
+  std::vector<T> to_vector() const;    // all elements in row-major order, converted to T
+
+  // Marks an in-place write to this tensor's storage (autograd's version counter).
+  void bump_version() const { impl().storage->bump_version(); }
+  int64_t version() const { return impl().storage->version(); }
+
+ private:
+  const TensorImpl& impl() const {
+    EMBER_CHECK(impl_ != nullptr, ValueError, "operation on an undefined tensor");
+    return *impl_;
+  }
+  Tensor make_view(Shape sizes, Shape strides, int64_t offset, const char* op) const;
+  std::shared_ptr<TensorImpl> impl_;
+};
+
+std::ostream& operator<<(std::ostream& os, const Tensor& t);
+std::string to_string(const Tensor& t, int64_t max_elements = 64);
+
+// --- factories ----------------------------------------------------------------------------------------------------
+Tensor empty(const Shape& shape, TensorOptions opts = {});
+Tensor empty_strided(const Shape& shape, const Shape& strides, TensorOptions opts = {});
+Tensor zeros(const Shape& shape, TensorOptions opts = {});
+Tensor ones(const Shape& shape, TensorOptions opts = {});
+Tensor full(const Shape& shape, Scalar value, TensorOptions opts = {});
+Tensor empty_like(const Tensor& t);
+Tensor zeros_like(const Tensor& t);
+Tensor ones_like(const Tensor& t);
+Tensor scalar_tensor(Scalar value, TensorOptions opts = {});  // 0-d
+// [start, end) with step; dtype defaults to i64 when all of start/end/step are integers, else f32.
+Tensor arange(Scalar end, TensorOptions opts);
+Tensor arange(Scalar start, Scalar end, Scalar step, TensorOptions opts);
+Tensor arange(int64_t end);
+// Uniform in [low, high) and standard normal, from the Philox generator (same numbers on every device).
+Tensor rand(const Shape& shape, TensorOptions opts = {});
+Tensor randn(const Shape& shape, TensorOptions opts = {});
+Tensor uniform(const Shape& shape, double low, double high, TensorOptions opts = {});
+Tensor normal(const Shape& shape, double mean, double stddev, TensorOptions opts = {});
+// Copies host values into a new tensor of the given shape (numel must match) and options.
+template <class T>
+Tensor from_vector(const std::vector<T>& values, const Shape& shape, TensorOptions opts = {dtype_of_v<T>});
+Tensor tensor(std::initializer_list<float> values, TensorOptions opts = {});  // 1-d convenience
+
+}  // namespace ember

@@ -1,0 +1,12 @@
+// ember: one include for users — tensors, devices, dtypes, the op set and the allocator statistics.
+#pragma once
+
+#include "ember/base/error.h"
+#include "ember/core/device.h"
+#include "ember/core/dtype.h"
+#include "ember/core/generator.h"
+#include "ember/core/tensor.h"
+#include "ember/kernels/ops.h"
+#include "ember/memory/allocator.h"
+#include "ember/memory/cuda_device.h"
+#include "ember/memory/host_allocator.h"

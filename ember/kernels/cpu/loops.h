@@ -1,0 +1,106 @@
+// Strided N-operand loops for the CPU reference kernels. Operands are views of one shape (inputs already expanded
+// to the output shape, so broadcast dims have stride 0). Dims are coalesced where every operand is contiguous
+// across them, so a dense tensor runs as one flat inner loop.
+// Invariant: `inner` is called once per innermost run with element offsets (not bytes) of the run's first element.
+#pragma once
+
+#include <array>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+#include <cstdint>
+#include <vector>
+
+#include "ember/core/tensor.h"
+
+namespace ember::kernels::cpu {
+
+template <size_t N>
+struct LoopGeometry {
+  Shape sizes;                               // coalesced sizes, innermost last
+  std::vector<std::array<int64_t, N>> strides;  // per dim, per operand (elements)
+};
+
+template <size_t N>
+LoopGeometry<N> coalesce(const Shape& sizes, const std::array<const Shape*, N>& strides) {
+  LoopGeometry<N> g;
+  for (size_t d = 0; d < sizes.size(); ++d) {
+    if (sizes[d] == 1) continue;  // size-1 dims contribute nothing
+    std::array<int64_t, N> st;
+    for (size_t k = 0; k < N; ++k) st[k] = (*strides[k])[d];
+    if (!g.sizes.empty()) {
+      bool merge = true;
+      for (size_t k = 0; k < N; ++k) merge = merge && g.strides.back()[k] == st[k] * sizes[d];
+      if (merge) {
+        g.sizes.back() *= sizes[d];
+        g.strides.back() = st;
+        continue;
+      }
+    }
+    g.sizes.push_back(sizes[d]);
+    g.strides.push_back(st);
+  }
+  return g;
+}
+
+// Calls inner(offsets, n, inner_strides) for every innermost run; offsets are relative to each operand's first element.
+template <size_t N, class Inner>
+void strided_loop(const Shape& sizes, const std::array<const Shape*, N>& strides, Inner&& inner) {
+  if (numel_of(sizes) == 0) return;
+  const LoopGeometry<N> g = coalesce<N>(sizes, strides);
+  const int64_t nd = static_cast<int64_t>(g.sizes.size());
+  if (nd == 0) {
+    inner(std::array<int64_t, N>{}, int64_t{1}, std::array<int64_t, N>{});
+    return;
+  }
+  const int64_t inner_n = g.sizes[nd - 1];
+  const std::array<int64_t, N> inner_st = g.strides[nd - 1];
+  std::vector<int64_t> idx(static_cast<size_t>(nd), 0);
+  std::array<int64_t, N> off{};
+  int64_t outer = 1;
+  for (int64_t d = 0; d + 1 < nd; ++d) outer *= g.sizes[d];
+  for (int64_t o = 0; o < outer; ++o) {
+    inner(off, inner_n, inner_st);
+    for (int64_t d = nd - 2; d >= 0; --d) {  // odometer increment over the outer dims
+      ++idx[d];
+      for (size_t k = 0; k < N; ++k) off[k] += g.strides[d][k];
+      if (idx[d] < g.sizes[d]) break;
+      for (size_t k = 0; k < N; ++k) off[k] -= g.strides[d][k] * g.sizes[d];
+      idx[d] = 0;
+    }
+  }
+}
+
+// Element-wise map over operands of one shape: f(ptrs..., i) style is awkward, so this takes typed base pointers.
+// out[i] = f(in0[i], in1[i], ...) with In... and Out the storage types.
+template <class Out, class... In, class F>
+void map_elements(const Tensor& out, const std::array<Tensor, sizeof...(In)>& ins, F&& f) {
+  constexpr size_t N = sizeof...(In) + 1;
+  std::array<const Shape*, N> st;
+  st[0] = &out.strides();
+  for (size_t k = 0; k < sizeof...(In); ++k) st[k + 1] = &ins[k].strides();
+  Out* o = static_cast<Out*>(out.raw_data());
+  std::array<void*, sizeof...(In)> bases;
+  for (size_t k = 0; k < sizeof...(In); ++k) bases[k] = ins[k].raw_data();
+  strided_loop<N>(out.sizes(), st, [&](const std::array<int64_t, N>& off, int64_t n, const std::array<int64_t, N>& s) {
+    [&]<size_t... K>(std::index_sequence<K...>) {
+      Out* op = o + off[0];
+      std::tuple<const In*...> ip{static_cast<const In*>(bases[K]) + off[K + 1]...};
+      for (int64_t i = 0; i < n; ++i) op[i * s[0]] = f(std::get<K>(ip)[i * s[K + 1]]...);
+    }(std::index_sequence_for<In...>{});
+  });
+}
+
+// Converts between storage types through their compute types (bool: x != 0).
+template <class To, class From>
+inline To convert(From v) {
+  if constexpr (std::is_same_v<To, bool>) {
+    return static_cast<op_math_t<From>>(v) != op_math_t<From>(0);
+  } else if constexpr (std::is_same_v<To, Half> || std::is_same_v<To, BFloat16>) {
+    return To(static_cast<float>(static_cast<op_math_t<From>>(v)));
+  } else {
+    return static_cast<To>(static_cast<op_math_t<From>>(v));
+  }
+}
+
+}  // namespace ember::kernels::cpu

@@ -1,0 +1,116 @@
+// The op set: what users and the layers above call. Each function checks its arguments (typed errors naming the op,
+// shapes, dtypes and devices), promotes dtypes, broadcasts, allocates the result and calls the kernel of the
+// inputs' device through the dispatch table (stubs.h). No autograd here: the autograd layer wraps these.
+#pragma once
+
+#include <optional>
+#include <vector>
+
+#include "ember/core/tensor.h"
+#include "ember/kernels/stubs.h"
+
+namespace ember {
+
+// ---- elementwise (broadcasting, type promotion; f16/bf16 computed in f32) --------------------------------------
+Tensor add(const Tensor& a, const Tensor& b);
+Tensor sub(const Tensor& a, const Tensor& b);
+Tensor mul(const Tensor& a, const Tensor& b);
+Tensor div(const Tensor& a, const Tensor& b);  // true division: integer inputs give f32
+Tensor pow(const Tensor& a, const Tensor& b);
+Tensor pow(const Tensor& a, double exponent);
+Tensor maximum(const Tensor& a, const Tensor& b);
+Tensor minimum(const Tensor& a, const Tensor& b);
+Tensor eq(const Tensor& a, const Tensor& b);
+Tensor ne(const Tensor& a, const Tensor& b);
+Tensor lt(const Tensor& a, const Tensor& b);
+Tensor le(const Tensor& a, const Tensor& b);
+Tensor gt(const Tensor& a, const Tensor& b);
+Tensor ge(const Tensor& a, const Tensor& b);
+// Scalar operands take the tensor's dtype (a float scalar with an integer tensor gives f32), like PyTorch.
+Tensor add(const Tensor& a, Scalar b);
+Tensor sub(const Tensor& a, Scalar b);
+Tensor mul(const Tensor& a, Scalar b);
+Tensor div(const Tensor& a, Scalar b);
+
+Tensor neg(const Tensor& x);
+Tensor exp(const Tensor& x);
+Tensor log(const Tensor& x);
+Tensor sqrt(const Tensor& x);
+Tensor rsqrt(const Tensor& x);
+Tensor tanh(const Tensor& x);
+Tensor sigmoid(const Tensor& x);
+Tensor relu(const Tensor& x);
+enum class GeluApprox { None, Tanh };
+Tensor gelu(const Tensor& x, GeluApprox approx = GeluApprox::None);
+Tensor silu(const Tensor& x);
+Tensor abs(const Tensor& x);
+Tensor clamp(const Tensor& x, std::optional<double> min, std::optional<double> max);
+Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b);  // cond: bool; broadcasts all three
+Tensor cast(const Tensor& x, DType dtype);                            // = x.to(dtype)
+
+Tensor operator+(const Tensor& a, const Tensor& b);
+Tensor operator-(const Tensor& a, const Tensor& b);
+Tensor operator*(const Tensor& a, const Tensor& b);
+Tensor operator/(const Tensor& a, const Tensor& b);
+Tensor operator-(const Tensor& a);
+Tensor operator+(const Tensor& a, Scalar b);
+Tensor operator-(const Tensor& a, Scalar b);
+Tensor operator*(const Tensor& a, Scalar b);
+Tensor operator/(const Tensor& a, Scalar b);
+
+// ---- reductions (dims may be negative; empty dims = all dims) --------------------------------------------------
+Tensor sum(const Tensor& x, const std::vector<int64_t>& dims = {}, bool keepdim = false);
+Tensor mean(const Tensor& x, const std::vector<int64_t>& dims = {}, bool keepdim = false);
+Tensor amax(const Tensor& x, const std::vector<int64_t>& dims = {}, bool keepdim = false);
+Tensor amin(const Tensor& x, const std::vector<int64_t>& dims = {}, bool keepdim = false);
+Tensor var(const Tensor& x, const std::vector<int64_t>& dims = {}, int64_t correction = 1, bool keepdim = false);
+Tensor argmax(const Tensor& x, std::optional<int64_t> dim = std::nullopt, bool keepdim = false);  // i64
+Tensor argmin(const Tensor& x, std::optional<int64_t> dim = std::nullopt, bool keepdim = false);  // i64
+
+// ---- linear algebra -----------------------------------------------------------------------------------------
+// PyTorch matmul semantics: 1-d x 1-d dot, 2-d x 2-d, batched with broadcast batch dims, 1-d promoted and squeezed.
+Tensor matmul(const Tensor& a, const Tensor& b);
+Tensor bmm(const Tensor& a, const Tensor& b);  // [B, M, K] x [B, K, N]
+// y = x @ weight^T + bias, weight [out, in] (nn.Linear convention).
+Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor());
+
+// ---- softmax, normalisation ------------------------------------------------------------------------------------
+Tensor softmax(const Tensor& x, int64_t dim);
+Tensor log_softmax(const Tensor& x, int64_t dim);
+struct LayerNormResult {
+  Tensor out, mean, rstd;  // mean/rstd: shape of x without the normalised dims
+};
+LayerNormResult layer_norm_with_stats(const Tensor& x, const Shape& normalized_shape, const Tensor& weight,
+                                      const Tensor& bias, double eps = 1e-5);
+Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& weight = Tensor(),
+                  const Tensor& bias = Tensor(), double eps = 1e-5);
+
+// ---- embedding ------------------------------------------------------------------------------------------------
+Tensor embedding(const Tensor& weight, const Tensor& indices);  // out shape: indices.shape + [D]
+// Returns grad_weight [V, D] = scatter-add of grad_out rows at indices.
+Tensor embedding_backward(const Tensor& grad_out, const Tensor& indices, int64_t num_weights);
+
+// ---- convolution, pooling ------------------------------------------------------------------------------------------
+Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor(), const Conv2dParams& p = {});
+struct MaxPoolResult {
+  Tensor out, indices;
+};
+MaxPoolResult max_pool2d_with_indices(const Tensor& x, const Pool2dParams& p);
+Tensor max_pool2d(const Tensor& x, const Pool2dParams& p);
+Tensor avg_pool2d(const Tensor& x, const Pool2dParams& p);
+
+// ---- dropout -------------------------------------------------------------------------------------------------------
+struct DropoutResult {
+  Tensor out, mask;  // mask: bool
+};
+// Draws from the default generator (Note [Philox stream]); train=false returns x unchanged.
+DropoutResult dropout_with_mask(const Tensor& x, double p, bool train = true);
+Tensor dropout(const Tensor& x, double p, bool train = true);
+
+// ---- shared argument checks (used by every front end) ----------------------------------------------------------
+// Throws DeviceError naming `op` unless all defined tensors are on one device; returns that device.
+Device common_device(const char* op, std::initializer_list<const Tensor*> ts);
+// Throws DTypeError naming `op` unless t is floating.
+void check_floating(const char* op, const Tensor& t);
+
+}  // namespace ember

@@ -1,0 +1,107 @@
+// Dispatch stubs for the op set (DESIGN.md §3): the kernel signature each device implements.
+// The front-end functions (ops_*.cpp) check arguments, promote dtypes, broadcast (inputs arrive expanded to the
+// output shape), allocate outputs, then call the stub of the tensors' device. Kernels may assume:
+//   * every tensor passed is on the same device and was checked for shape/dtype by the front end;
+//   * outputs are freshly allocated, contiguous, and do not alias inputs;
+//   * inputs may have any strides (including 0 for broadcast dims) unless the signature says "contiguous".
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "ember/core/core_stubs.h"
+#include "ember/core/dispatch.h"
+#include "ember/core/tensor.h"
+
+namespace ember {
+
+// ---- elementwise -------------------------------------------------------------------------------------------------
+enum class UnaryOp : int8_t {
+  Neg, Exp, Log, Sqrt, Rsqrt, Tanh, Sigmoid, Relu, GeluTanh, GeluErf, Silu, Abs,
+  Clamp,     // min(max(x, p0), p1); a missing bound is +-inf
+  PowScalar  // x ^ p0
+};
+struct UnaryParams {
+  double p0 = 0.0, p1 = 0.0;
+};
+enum class BinaryOp : int8_t {
+  Add, Sub, Mul, Div, Pow, Maximum, Minimum,
+  Eq, Ne, Lt, Le, Gt, Ge  // comparisons: output dtype bool
+};
+inline bool is_comparison(BinaryOp op) { return op >= BinaryOp::Eq; }
+
+// out = op(in); in and out share dtype (floating).
+using UnaryFn = void (*)(UnaryOp op, UnaryParams params, const Tensor& in, const Tensor& out);
+// out = op(a, b); a, b share dtype; out has that dtype, or bool for comparisons.
+using BinaryFn = void (*)(BinaryOp op, const Tensor& a, const Tensor& b, const Tensor& out);
+// out = cond ? a : b; cond is bool; a, b, out share dtype.
+using WhereFn = void (*)(const Tensor& cond, const Tensor& a, const Tensor& b, const Tensor& out);
+
+EMBER_DECLARE_STUB(unary, UnaryFn);
+EMBER_DECLARE_STUB(binary, BinaryFn);
+EMBER_DECLARE_STUB(where, WhereFn);
+
+// ---- reductions -----------------------------------------------------------------------------------------------
+enum class ReduceOp : int8_t { Sum, Mean, Max, Min, Var, ArgMax, ArgMin };
+// out has the input's rank with reduced dims of size 1 (keepdim form; the front end squeezes).
+// dims: sorted, unique, non-empty. Var uses `correction` (N - correction in the denominator).
+// ArgMax/ArgMin: exactly one dim; out dtype i64; ties resolve to the first index; NaN wins (PyTorch semantics).
+using ReduceFn = void (*)(ReduceOp op, const Tensor& in, const Tensor& out, const std::vector<int64_t>& dims,
+                          int64_t correction);
+EMBER_DECLARE_STUB(reduce, ReduceFn);
+
+// ---- linear algebra ---------------------------------------------------------------------------------------------
+// out[b] = a[b] @ bm[b] with a [B, M, K], bm [B, K, N], out [B, M, N] (contiguous); batch dims may have stride 0.
+using BmmFn = void (*)(const Tensor& a, const Tensor& b, const Tensor& out);
+EMBER_DECLARE_STUB(bmm, BmmFn);
+
+// ---- normalisation and softmax ------------------------------------------------------------------------------
+// Softmax (or log-softmax) along `dim` of a floating tensor.
+using SoftmaxFn = void (*)(const Tensor& in, const Tensor& out, int64_t dim, bool log);
+EMBER_DECLARE_STUB(softmax, SoftmaxFn);
+// Layer norm over the trailing dims of x viewed as [rows, cols]: out = (x - mean) * rstd * weight + bias.
+// weight/bias: [cols] or undefined. mean/rstd: [rows] f32 (f64 when x is f64), saved for the backward pass.
+using LayerNormFn = void (*)(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps, const Tensor& out,
+                             const Tensor& mean, const Tensor& rstd);
+EMBER_DECLARE_STUB(layer_norm, LayerNormFn);
+
+// ---- embedding -----------------------------------------------------------------------------------------------
+// out[i, :] = weight[indices[i], :]; weight [V, D]; indices (i32/i64, flattened) [N]; out [N, D]. IndexError if out of range.
+using EmbeddingFn = void (*)(const Tensor& weight, const Tensor& indices, const Tensor& out);
+// grad_weight[indices[i], :] += grad_out[i, :]; grad_weight [V, D] is accumulated into (not cleared).
+using EmbeddingBackwardFn = void (*)(const Tensor& grad_out, const Tensor& indices, const Tensor& grad_weight);
+EMBER_DECLARE_STUB(embedding, EmbeddingFn);
+EMBER_DECLARE_STUB(embedding_backward, EmbeddingBackwardFn);
+
+// ---- convolution and pooling (NCHW) ---------------------------------------------------------------------------
+struct Conv2dParams {
+  int64_t stride[2] = {1, 1};
+  int64_t padding[2] = {0, 0};
+  int64_t dilation[2] = {1, 1};
+  int64_t groups = 1;
+};
+// x [N, C, H, W], weight [O, C/groups, KH, KW], bias [O] or undefined, out [N, O, OH, OW].
+using Conv2dFn = void (*)(const Tensor& x, const Tensor& weight, const Tensor& bias, const Conv2dParams& p,
+                          const Tensor& out);
+EMBER_DECLARE_STUB(conv2d, Conv2dFn);
+
+struct Pool2dParams {
+  int64_t kernel[2] = {2, 2};
+  int64_t stride[2] = {2, 2};
+  int64_t padding[2] = {0, 0};
+  bool count_include_pad = true;  // avg pool only
+};
+// Max pool: out [N, C, OH, OW] and indices (i64, flat h*W+w within the plane, or undefined when not wanted).
+using MaxPool2dFn = void (*)(const Tensor& x, const Pool2dParams& p, const Tensor& out, const Tensor& indices);
+using AvgPool2dFn = void (*)(const Tensor& x, const Pool2dParams& p, const Tensor& out);
+EMBER_DECLARE_STUB(max_pool2d, MaxPool2dFn);
+EMBER_DECLARE_STUB(avg_pool2d, AvgPool2dFn);
+
+// ---- dropout ----------------------------------------------------------------------------------------------------
+// Element i (row-major over the contiguous out) is kept iff philox_uniform_element(seed, offset, i) < 1 - p;
+// kept elements are scaled by 1 / (1 - p). mask: bool, same shape (or undefined when not wanted).
+using DropoutFn = void (*)(const Tensor& in, double p, uint64_t seed, uint64_t offset, const Tensor& out,
+                           const Tensor& mask);
+EMBER_DECLARE_STUB(dropout, DropoutFn);
+
+}  // namespace ember

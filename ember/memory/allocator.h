@@ -1,0 +1,36 @@
+// The allocator interface every tensor byte comes from (DESIGN.md: memory knows bytes, streams, devices — no tensors).
+// Invariant: allocate(n) returns memory aligned to kAlignment or throws OutOfMemoryError; deallocate(p) takes only
+// pointers this allocator returned; the statistics count exactly the live allocations.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace ember::memory {
+
+inline constexpr int64_t kAlignment = 64;
+
+struct AllocatorStats {
+  int64_t allocated_bytes = 0;       // bytes in live allocations (as requested)
+  int64_t peak_allocated_bytes = 0;  // high-water mark of allocated_bytes since the last reset
+  int64_t reserved_bytes = 0;        // bytes held from the backing (>= allocated_bytes)
+  int64_t num_allocs = 0;            // allocate() calls that returned memory
+  int64_t num_frees = 0;             // deallocate() calls
+  int64_t num_ooms = 0;              // requests that ended in OutOfMemoryError
+};
+
+class Allocator {
+ public:
+  virtual ~Allocator() = default;
+  // Returns nbytes of memory (nullptr when nbytes == 0). Throws OutOfMemoryError when it cannot.
+  virtual void* allocate(int64_t nbytes) = 0;
+  virtual void deallocate(void* ptr) = 0;
+  virtual AllocatorStats stats() const = 0;
+  virtual void reset_peak_stats() = 0;
+  virtual std::string name() const = 0;
+};
+
+// Human-readable byte count: "1.50 MiB".
+std::string format_bytes(int64_t bytes);
+
+}  // namespace ember::memory

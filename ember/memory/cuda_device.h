@@ -1,0 +1,26 @@
+// CUDA devices as the memory layer sees them: how many there are, a plain cudaMalloc allocator per device, and
+// byte copies between host and device. Safe to include and call in a CPU-only build (EMBER_WITH_CUDA undefined):
+// device_count() is then 0 and the rest throws DeviceError.
+#pragma once
+
+#include <cstdint>
+
+#include "ember/memory/allocator.h"
+
+namespace ember::memory::cuda {
+
+// Number of usable CUDA devices. 0 when the build has no CUDA, when no driver is installed
+// (cudaErrorInsufficientDriver / cudaErrorNoDevice mean "no GPU", not a failure), or when none is visible.
+int device_count();
+bool is_available();
+
+// Plain cudaMalloc/cudaFree allocator for one device (the caching allocator replaces it).
+Allocator& allocator(int device);
+
+enum class CopyKind { HostToDevice, DeviceToHost, DeviceToDevice };
+// Synchronous byte copy on the current stream; `device` is the CUDA device involved.
+void copy_bytes(void* dst, const void* src, int64_t nbytes, CopyKind kind, int device);
+
+void synchronize(int device);
+
+}  // namespace ember::memory::cuda

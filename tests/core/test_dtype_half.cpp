@@ -1,0 +1,66 @@
+// DType metadata and promotion, and Half/BFloat16 rounding against hand-computed bit patterns.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+
+#include "ember/core/dtype.h"
+
+using namespace ember;
+
+TEST(DType, SizesAndNames) {
+  EXPECT_EQ(itemsize(DType::f32), 4);
+  EXPECT_EQ(itemsize(DType::f16), 2);
+  EXPECT_EQ(itemsize(DType::bf16), 2);
+  EXPECT_EQ(itemsize(DType::f64), 8);
+  EXPECT_EQ(itemsize(DType::i64), 8);
+  EXPECT_EQ(itemsize(DType::b8), 1);
+  EXPECT_STREQ(dtype_name(DType::bf16), "bf16");
+  EXPECT_EQ(parse_dtype("float16"), DType::f16);
+  EXPECT_EQ(parse_dtype("bool"), DType::b8);
+  EXPECT_THROW(parse_dtype("f8"), ConfigError);
+}
+
+TEST(DType, Promotion) {
+  EXPECT_EQ(promote_types(DType::f16, DType::f32), DType::f32);
+  EXPECT_EQ(promote_types(DType::f16, DType::bf16), DType::f32);
+  EXPECT_EQ(promote_types(DType::i64, DType::f16), DType::f16);
+  EXPECT_EQ(promote_types(DType::b8, DType::i32), DType::i32);
+  EXPECT_EQ(promote_types(DType::u8, DType::i32), DType::i32);
+  EXPECT_EQ(promote_types(DType::f64, DType::f32), DType::f64);
+}
+
+TEST(Half, KnownBitPatterns) {
+  // IEEE binary16 encodings computed by hand.
+  EXPECT_EQ(Half(1.0f).bits, 0x3c00);
+  EXPECT_EQ(Half(-2.0f).bits, 0xc000);
+  EXPECT_EQ(Half(65504.0f).bits, 0x7bff);        // largest finite
+  EXPECT_EQ(Half(65520.0f).bits, 0x7c00);        // rounds to inf
+  EXPECT_EQ(Half(6.103515625e-05f).bits, 0x0400);  // smallest normal 2^-14
+  EXPECT_EQ(Half(5.9604644775390625e-08f).bits, 0x0001);  // smallest subnormal 2^-24
+  EXPECT_EQ(Half(2.98023223876953125e-08f).bits, 0x0000);  // 2^-25: tie, rounds to even (zero)
+  EXPECT_EQ(Half(1.0f + 1.0f / 2048).bits, 0x3c00);        // tie between 1 and 1+2^-10: even mantissa
+  EXPECT_EQ(Half(1.0f + 3.0f / 2048).bits, 0x3c02);        // tie between 1+2^-10 and 1+2^-9: even
+  EXPECT_EQ(Half(std::numeric_limits<float>::infinity()).bits, 0x7c00);
+  EXPECT_TRUE(std::isnan(static_cast<float>(Half(std::nanf("")))));
+  EXPECT_EQ(static_cast<float>(Half::from_bits(0x3555)), 0.333251953125f);
+  EXPECT_EQ(static_cast<float>(Half::from_bits(0x8001)), -5.9604644775390625e-08f);
+}
+
+TEST(Half, RoundTripAllFiniteValues) {
+  for (uint32_t b = 0; b < 0x10000; ++b) {
+    const Half h = Half::from_bits(static_cast<uint16_t>(b));
+    const float f = h;
+    if (std::isnan(f)) continue;
+    EXPECT_EQ(Half(f).bits, b) << "bits " << b;
+  }
+}
+
+TEST(BFloat16, KnownBitPatterns) {
+  EXPECT_EQ(BFloat16(1.0f).bits, 0x3f80);
+  EXPECT_EQ(BFloat16(-1.5f).bits, 0xbfc0);
+  EXPECT_EQ(BFloat16(1.0f + 1.0f / 256).bits, 0x3f80);  // tie -> even
+  EXPECT_EQ(BFloat16(1.0f + 3.0f / 256).bits, 0x3f82);  // tie -> even
+  EXPECT_EQ(static_cast<float>(BFloat16::from_bits(0x4049)), 3.140625f);
+  EXPECT_TRUE(std::isnan(static_cast<float>(BFloat16(std::nanf("")))));
+}
