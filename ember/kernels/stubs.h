@@ -30,9 +30,10 @@ enum class BinaryOp : int8_t {
 };
 inline bool is_comparison(BinaryOp op) { return op >= BinaryOp::Eq; }
 
-// out = op(in); in and out share dtype (floating).
+// out = op(in); in and out share dtype: floating for every op; also i32/i64/u8 for Neg, Abs, Relu and Clamp.
 using UnaryFn = void (*)(UnaryOp op, UnaryParams params, const Tensor& in, const Tensor& out);
-// out = op(a, b); a, b share dtype; out has that dtype, or bool for comparisons.
+// out = op(a, b); a, b share dtype (any, including bool for Add/Mul/Maximum/Minimum = or/and/or/and and the
+// comparisons); out has that dtype, or bool for comparisons.
 using BinaryFn = void (*)(BinaryOp op, const Tensor& a, const Tensor& b, const Tensor& out);
 // out = cond ? a : b; cond is bool; a, b, out share dtype.
 using WhereFn = void (*)(const Tensor& cond, const Tensor& a, const Tensor& b, const Tensor& out);

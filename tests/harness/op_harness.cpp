@@ -113,6 +113,14 @@ bool kept(const OpCase& c, size_t i) {
     if (k == i) return true;
   return false;
 }
+// Converts t to (dtype, device) keeping its exact sizes and strides, so non-contiguous and broadcast (stride 0)
+// inputs reach the kernel under test in every dtype and on every device, not only in f64 on the CPU.
+Tensor convert_keep_strides(const Tensor& t, DType dtype, Device device) {
+  if (t.dtype() == dtype && t.device() == device) return t;
+  Tensor out = empty_strided(t.sizes(), t.strides(), {dtype, device});
+  out.copy_(t);
+  return out;
+}
 Inputs convert_inputs(const OpCase& c, DType dtype, Device device) {
   Inputs out;
   for (size_t i = 0; i < c.inputs.size(); ++i) {
@@ -121,7 +129,8 @@ Inputs convert_inputs(const OpCase& c, DType dtype, Device device) {
       out.push_back(t);
       continue;
     }
-    out.push_back(kept(c, i) || !is_floating(t.dtype()) ? t.to(device) : t.to(dtype).to(device));
+    const DType target = kept(c, i) || !is_floating(t.dtype()) ? t.dtype() : dtype;
+    out.push_back(convert_keep_strides(t, target, device));
   }
   return out;
 }
@@ -137,7 +146,8 @@ void check_op(const OpCase& c, Device device) {
     // The reference sees the inputs exactly as the op does: rounded to dt, then widened to f64 on the CPU.
     Inputs rounded = convert_inputs(c, dt, Device::cpu());
     for (size_t i = 0; i < rounded.size(); ++i)
-      if (rounded[i].defined() && !kept(c, i) && is_floating(rounded[i].dtype())) rounded[i] = rounded[i].to(DType::f64);
+      if (rounded[i].defined() && !kept(c, i) && is_floating(rounded[i].dtype()))
+        rounded[i] = convert_keep_strides(rounded[i], DType::f64, Device::cpu());
     const Tensor expected = ref_fn(rounded);
     const Tensor actual = c.fn(convert_inputs(c, dt, device));
     ASSERT_TRUE(actual.defined());
