@@ -60,6 +60,10 @@ Tensor arange(Scalar start, Scalar end, Scalar step, TensorOptions opts) {
 }
 
 Tensor arange(Scalar end, TensorOptions opts) { return arange(0, end, 1, opts); }
+Tensor arange(Scalar start, Scalar end, Scalar step) {
+  const bool integral = start.is_integral() && end.is_integral() && step.is_integral();
+  return arange(start, end, step, TensorOptions(integral ? DType::i64 : DType::f32));
+}
 Tensor arange(int64_t end) { return arange(0, end, 1, TensorOptions(DType::i64)); }
 
 namespace {

@@ -11,8 +11,14 @@
 
 namespace ember {
 
-int64_t Tensor::size(int64_t d) const { return sizes()[wrap_dim(d, dim(), "Tensor::size")]; }
-int64_t Tensor::stride(int64_t d) const { return strides()[wrap_dim(d, dim(), "Tensor::stride")]; }
+int64_t Tensor::size(int64_t d) const {
+  EMBER_CHECK(dim() > 0, IndexError, "Tensor::size: a 0-d tensor has no dim ", d);
+  return sizes()[wrap_dim(d, dim(), "Tensor::size")];
+}
+int64_t Tensor::stride(int64_t d) const {
+  EMBER_CHECK(dim() > 0, IndexError, "Tensor::stride: a 0-d tensor has no dim ", d);
+  return strides()[wrap_dim(d, dim(), "Tensor::stride")];
+}
 
 bool Tensor::is_contiguous() const {
   int64_t expected = 1;
@@ -138,8 +144,8 @@ Tensor Tensor::reshape(const Shape& shape) const {
 }
 
 Tensor Tensor::flatten(int64_t start_dim, int64_t end_dim) const {
-  if (dim() == 0) return reshape({1});
   const int64_t s = wrap_dim(start_dim, dim(), "flatten"), e = wrap_dim(end_dim, dim(), "flatten");
+  if (dim() == 0) return reshape({1});
   EMBER_CHECK(s <= e, IndexError, "flatten: start_dim ", start_dim, " comes after end_dim ", end_dim);
   Shape out(sizes().begin(), sizes().begin() + s);
   int64_t m = 1;
@@ -150,8 +156,8 @@ Tensor Tensor::flatten(int64_t start_dim, int64_t end_dim) const {
 }
 
 Tensor Tensor::transpose(int64_t d0, int64_t d1) const {
-  if (dim() == 0) return alias();
   const int64_t a = wrap_dim(d0, dim(), "transpose"), b = wrap_dim(d1, dim(), "transpose");
+  if (dim() == 0) return alias();
   Shape sz = sizes(), st = strides();
   std::swap(sz[a], sz[b]);
   std::swap(st[a], st[b]);
@@ -253,9 +259,8 @@ Tensor Tensor::squeeze() const {
 }
 
 Tensor Tensor::squeeze(int64_t d) const {
-  if (dim() == 0) return alias();
   const int64_t w = wrap_dim(d, dim(), "squeeze");
-  if (sizes()[w] != 1) return alias();
+  if (dim() == 0 || sizes()[w] != 1) return alias();
   Shape sz = sizes(), st = strides();
   sz.erase(sz.begin() + w);
   st.erase(st.begin() + w);

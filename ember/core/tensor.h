@@ -136,9 +136,11 @@ Tensor empty_like(const Tensor& t);
 Tensor zeros_like(const Tensor& t);
 Tensor ones_like(const Tensor& t);
 Tensor scalar_tensor(Scalar value, TensorOptions opts = {});  // 0-d
-// [start, end) with step; dtype defaults to i64 when all of start/end/step are integers, else f32.
+// [start, end) with step. Without options the dtype is i64 when start, end and step are all integers, else f32.
+// Integer bounds are exact over the whole i64 range.
 Tensor arange(Scalar end, TensorOptions opts);
 Tensor arange(Scalar start, Scalar end, Scalar step, TensorOptions opts);
+Tensor arange(Scalar start, Scalar end, Scalar step = 1);
 Tensor arange(int64_t end);
 // Uniform in [low, high) and standard normal, from the Philox generator (same numbers on every device).
 Tensor rand(const Shape& shape, TensorOptions opts = {});
