@@ -1,0 +1,185 @@
+// CPU reduction kernel: the input's kept dims index the (contiguous, keepdim-shaped) output in row-major order and
+// the reduced dims are walked per output element. Floating sums accumulate in double (the reference path), integer
+// sums in int64; var is two-pass (mean, then squared deviations); max/min/argmax/argmin propagate NaN.
+#include <algorithm>
+#include <cmath>
+#include <type_traits>
+
+#include "ember/kernels/cpu/loops.h"
+#include "ember/kernels/stubs.h"
+
+namespace ember::kernels::cpu {
+namespace {
+
+// The reduced dims, coalesced where they are contiguous with each other.
+struct ReducedGeometry {
+  Shape sizes, strides;  // innermost last
+  int64_t numel = 1;
+};
+
+ReducedGeometry reduced_geometry(const Tensor& in, const std::vector<int64_t>& dims) {
+  ReducedGeometry g;
+  for (int64_t d : dims) {
+    const int64_t n = in.size(d), s = in.stride(d);
+    g.numel *= n;
+    if (n == 1) continue;
+    if (!g.sizes.empty() && g.strides.back() == s * n) {
+      g.sizes.back() *= n;
+      g.strides.back() = s;
+      continue;
+    }
+    g.sizes.push_back(n);
+    g.strides.push_back(s);
+  }
+  return g;
+}
+
+// Calls f(element_offset, k) for k = 0 .. numel-1 in row-major order of the reduced dims.
+template <class F>
+void for_each_reduced(const ReducedGeometry& g, F&& f) {
+  if (g.numel == 0) return;
+  const int64_t nd = static_cast<int64_t>(g.sizes.size());
+  if (nd == 0) {
+    f(int64_t{0}, int64_t{0});
+    return;
+  }
+  const int64_t inner_n = g.sizes[nd - 1], inner_s = g.strides[nd - 1];
+  int64_t idx_buf[16] = {};
+  std::vector<int64_t> idx_vec;
+  int64_t* idx = idx_buf;
+  if (nd > 16) {
+    idx_vec.assign(static_cast<size_t>(nd), 0);
+    idx = idx_vec.data();
+  }
+  int64_t base = 0, k = 0;
+  while (true) {
+    for (int64_t i = 0; i < inner_n; ++i) f(base + i * inner_s, k++);
+    int64_t d = nd - 2;
+    for (; d >= 0; --d) {
+      ++idx[d];
+      base += g.strides[d];
+      if (idx[d] < g.sizes[d]) break;
+      base -= g.strides[d] * g.sizes[d];
+      idx[d] = 0;
+    }
+    if (d < 0) return;
+  }
+}
+
+template <class T>
+bool is_nan_value(T v) {
+  if constexpr (std::is_floating_point_v<op_math_t<T>>) return std::isnan(static_cast<op_math_t<T>>(v));
+  else return false;
+}
+
+template <class T, class OutT>
+void reduce_typed(ReduceOp op, const Tensor& in, const Tensor& out, const std::vector<int64_t>& dims,
+                  int64_t correction) {
+  using math_t = op_math_t<T>;
+  constexpr bool kFloat = std::is_floating_point_v<math_t>;
+  using acc_t = std::conditional_t<kFloat, double, int64_t>;
+
+  const ReducedGeometry g = reduced_geometry(in, dims);
+  // Kept dims: the odometer over them visits outputs in row-major (= contiguous output) order.
+  std::vector<bool> is_reduced(static_cast<size_t>(in.dim()), false);
+  for (int64_t d : dims) is_reduced[static_cast<size_t>(d)] = true;
+  Shape kept_sizes, kept_strides;
+  for (int64_t d = 0; d < in.dim(); ++d) {
+    if (is_reduced[static_cast<size_t>(d)] || in.size(d) == 1) continue;
+    kept_sizes.push_back(in.size(d));
+    kept_strides.push_back(in.stride(d));
+  }
+  const T* src = static_cast<const T*>(in.raw_data());
+  OutT* dst = static_cast<OutT*>(out.raw_data());
+  const int64_t n_out = out.numel();
+  const int64_t nk = static_cast<int64_t>(kept_sizes.size());
+  std::vector<int64_t> kidx(static_cast<size_t>(nk), 0);
+  int64_t base = 0;
+
+  for (int64_t o = 0; o < n_out; ++o) {
+    const T* p = src + base;
+    switch (op) {
+      case ReduceOp::Sum:
+      case ReduceOp::Mean: {
+        acc_t acc = 0;
+        for_each_reduced(g, [&](int64_t off, int64_t) { acc += static_cast<acc_t>(static_cast<math_t>(p[off])); });
+        if (op == ReduceOp::Mean) {
+          if constexpr (kFloat) dst[o] = convert<OutT>(acc / static_cast<double>(g.numel));
+        } else {
+          dst[o] = convert<OutT>(acc);
+        }
+        break;
+      }
+      case ReduceOp::Var: {
+        if constexpr (kFloat) {
+          double s = 0.0;
+          for_each_reduced(g, [&](int64_t off, int64_t) { s += static_cast<double>(static_cast<math_t>(p[off])); });
+          const double m = s / static_cast<double>(g.numel);
+          double ss = 0.0;
+          for_each_reduced(g, [&](int64_t off, int64_t) {
+            const double dv = static_cast<double>(static_cast<math_t>(p[off])) - m;
+            ss += dv * dv;
+          });
+          const double denom = std::max<double>(0.0, static_cast<double>(g.numel - correction));
+          dst[o] = convert<OutT>(ss / denom);
+        }
+        break;
+      }
+      case ReduceOp::Max:
+      case ReduceOp::Min: {
+        const bool is_max = op == ReduceOp::Max;
+        math_t best = static_cast<math_t>(p[0]);
+        for_each_reduced(g, [&](int64_t off, int64_t) {
+          const math_t v = static_cast<math_t>(p[off]);
+          if (is_nan_value(best)) return;
+          if (is_nan_value(v) || (is_max ? v > best : v < best)) best = v;
+        });
+        dst[o] = convert<OutT>(best);
+        break;
+      }
+      case ReduceOp::ArgMax:
+      case ReduceOp::ArgMin: {
+        const bool is_max = op == ReduceOp::ArgMax;
+        math_t best = static_cast<math_t>(p[0]);
+        int64_t best_k = 0;
+        for_each_reduced(g, [&](int64_t off, int64_t k) {
+          const math_t v = static_cast<math_t>(p[off]);
+          if (is_nan_value(best)) return;  // the first NaN wins
+          if (is_nan_value(v) || (is_max ? v > best : v < best)) {
+            best = v;
+            best_k = k;
+          }
+        });
+        dst[o] = static_cast<OutT>(best_k);
+        break;
+      }
+    }
+    for (int64_t d = nk - 1; d >= 0; --d) {  // odometer over the kept dims
+      ++kidx[d];
+      base += kept_strides[d];
+      if (kidx[d] < kept_sizes[d]) break;
+      base -= kept_strides[d] * kept_sizes[d];
+      kidx[d] = 0;
+    }
+  }
+}
+
+void reduce_kernel(ReduceOp op, const Tensor& in, const Tensor& out, const std::vector<int64_t>& dims,
+                   int64_t correction) {
+  if (out.numel() == 0) return;
+  EMBER_DISPATCH_ALL(in.dtype(), "reduce", [&] {
+    if (out.dtype() == in.dtype()) {
+      reduce_typed<scalar_t, scalar_t>(op, in, out, dims, correction);
+    } else {
+      EMBER_CHECK(out.dtype() == DType::i64, DTypeError, "reduce: unexpected output dtype ",
+                  dtype_name(out.dtype()), " for input ", in.description());
+      reduce_typed<scalar_t, int64_t>(op, in, out, dims, correction);
+    }
+  });
+}
+
+}  // namespace
+
+EMBER_REGISTER_KERNEL(reduce, DeviceType::CPU, reduce_kernel);
+
+}  // namespace ember::kernels::cpu

@@ -1,0 +1,104 @@
+// CPU softmax / log-softmax along any dim of any strides, and layer norm over the rows of an [rows, cols] view.
+// Softmax subtracts the row max before exponentiating (finite for any finite input); sums and layer-norm statistics
+// accumulate in double; layer norm uses the biased variance and rstd = 1 / sqrt(var + eps).
+#include <cmath>
+#include <limits>
+#include <type_traits>
+
+#include "ember/kernels/cpu/loops.h"
+#include "ember/kernels/stubs.h"
+
+namespace ember::kernels::cpu {
+namespace {
+
+// One row: n elements at x (stride sx) into y (stride sy).
+template <class T>
+void softmax_row(const T* x, int64_t sx, T* y, int64_t sy, int64_t n, bool log) {
+  using math_t = op_math_t<T>;
+  math_t mx = -std::numeric_limits<math_t>::infinity();
+  bool has_nan = false;
+  for (int64_t i = 0; i < n; ++i) {
+    const math_t v = static_cast<math_t>(x[i * sx]);
+    has_nan = has_nan || std::isnan(v);
+    mx = v > mx ? v : mx;
+  }
+  if (has_nan) mx = std::numeric_limits<math_t>::quiet_NaN();  // a NaN anywhere makes the whole row NaN
+  double sum = 0.0;
+  for (int64_t i = 0; i < n; ++i) sum += std::exp(static_cast<math_t>(x[i * sx]) - mx);
+  if (log) {
+    const math_t lse = static_cast<math_t>(std::log(sum));
+    for (int64_t i = 0; i < n; ++i) y[i * sy] = T(static_cast<math_t>(x[i * sx]) - mx - lse);
+  } else {
+    const math_t inv = static_cast<math_t>(1.0 / sum);
+    for (int64_t i = 0; i < n; ++i) y[i * sy] = T(std::exp(static_cast<math_t>(x[i * sx]) - mx) * inv);
+  }
+}
+
+template <class T>
+void softmax_typed(const Tensor& in, const Tensor& out, int64_t dim, bool log) {
+  const int64_t n = in.size(dim), s_in = in.stride(dim), s_out = out.stride(dim);
+  const T* src = static_cast<const T*>(in.raw_data());
+  T* dst = static_cast<T*>(out.raw_data());
+  Shape rows = in.sizes();
+  rows[static_cast<size_t>(dim)] = 1;  // strided_loop skips size-1 dims, so it visits each row's first element
+  strided_loop<2>(rows, {&out.strides(), &in.strides()},
+                  [&](const std::array<int64_t, 2>& off, int64_t count, const std::array<int64_t, 2>& st) {
+                    for (int64_t r = 0; r < count; ++r)
+                      softmax_row(src + off[1] + r * st[1], s_in, dst + off[0] + r * st[0], s_out, n, log);
+                  });
+}
+
+void softmax_kernel(const Tensor& in, const Tensor& out, int64_t dim, bool log) {
+  EMBER_DISPATCH_FLOAT(in.dtype(), "softmax", [&] { softmax_typed<scalar_t>(in, out, dim, log); });
+}
+
+template <class T, class S>
+void layer_norm_typed(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps, const Tensor& out,
+                      const Tensor& mean, const Tensor& rstd) {
+  using math_t = op_math_t<T>;
+  const int64_t rows = x.size(0), cols = x.size(1), rs = x.stride(0), cs = x.stride(1);
+  const T* px = static_cast<const T*>(x.raw_data());
+  const T* pw = weight.defined() ? static_cast<const T*>(weight.raw_data()) : nullptr;
+  const T* pb = bias.defined() ? static_cast<const T*>(bias.raw_data()) : nullptr;
+  const int64_t ws = weight.defined() ? weight.stride(0) : 0, bs = bias.defined() ? bias.stride(0) : 0;
+  T* po = static_cast<T*>(out.raw_data());
+  S* pm = static_cast<S*>(mean.raw_data());
+  S* pr = static_cast<S*>(rstd.raw_data());
+  for (int64_t r = 0; r < rows; ++r) {
+    const T* row = px + r * rs;
+    double s = 0.0;
+    for (int64_t j = 0; j < cols; ++j) s += static_cast<double>(static_cast<math_t>(row[j * cs]));
+    const double mu = s / static_cast<double>(cols);
+    double ss = 0.0;
+    for (int64_t j = 0; j < cols; ++j) {
+      const double d = static_cast<double>(static_cast<math_t>(row[j * cs])) - mu;
+      ss += d * d;
+    }
+    const double inv = 1.0 / std::sqrt(ss / static_cast<double>(cols) + eps);
+    pm[r] = static_cast<S>(mu);
+    pr[r] = static_cast<S>(inv);
+    const math_t m = static_cast<math_t>(mu), k = static_cast<math_t>(inv);
+    T* y = po + r * cols;
+    for (int64_t j = 0; j < cols; ++j) {
+      math_t v = (static_cast<math_t>(row[j * cs]) - m) * k;
+      if (pw) v *= static_cast<math_t>(pw[j * ws]);
+      if (pb) v += static_cast<math_t>(pb[j * bs]);
+      y[j] = T(v);
+    }
+  }
+}
+
+void layer_norm_kernel(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps, const Tensor& out,
+                       const Tensor& mean, const Tensor& rstd) {
+  EMBER_DISPATCH_FLOAT(x.dtype(), "layer_norm", [&] {
+    using stats_t = std::conditional_t<std::is_same_v<scalar_t, double>, double, float>;
+    layer_norm_typed<scalar_t, stats_t>(x, weight, bias, eps, out, mean, rstd);
+  });
+}
+
+}  // namespace
+
+EMBER_REGISTER_KERNEL(softmax, DeviceType::CPU, softmax_kernel);
+EMBER_REGISTER_KERNEL(layer_norm, DeviceType::CPU, layer_norm_kernel);
+
+}  // namespace ember::kernels::cpu

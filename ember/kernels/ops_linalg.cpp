@@ -1,0 +1,96 @@
+// Linear-algebra front ends: matmul (PyTorch semantics), bmm and linear, all lowered onto the one bmm kernel.
+// Invariant: the kernel sees a [B, M, K] and b [B, K, N] views of one floating dtype (batch stride 0 where a side
+// broadcasts) and a fresh contiguous out [B, M, N]; the front end reshapes that result back to the user's shape.
+#include "ember/kernels/ops.h"
+
+namespace ember {
+
+EMBER_DEFINE_STUB(bmm, BmmFn);
+
+namespace {
+
+void check_operands(const char* op, const Tensor& a, const Tensor& b) {
+  common_device(op, {&a, &b});
+  EMBER_CHECK(a.dtype() == b.dtype(), DTypeError, op, ": both operands must have one dtype, got ", a.description(),
+              " and ", b.description());
+  check_floating(op, a);
+  EMBER_CHECK(a.dim() > 0 && b.dim() > 0, ShapeError, op, ": both operands need at least 1 dim, got ",
+              a.description(), " and ", b.description());
+}
+
+// a [B, M, K] x b [B, K, N] -> fresh contiguous [B, M, N]; shapes already checked.
+Tensor run_bmm(const Tensor& a, const Tensor& b) {
+  Tensor out = empty({a.size(0), a.size(1), b.size(2)}, TensorOptions(a.dtype(), a.device()));
+  if (out.numel() > 0 && !a.device().is_meta()) bmm_stub.get(a.device().type)(a, b, out);
+  return out;
+}
+
+}  // namespace
+
+Tensor bmm(const Tensor& a, const Tensor& b) {
+  check_operands("bmm", a, b);
+  EMBER_CHECK(a.dim() == 3 && b.dim() == 3, ShapeError, "bmm: expects 3-d operands [B, M, K] and [B, K, N], got ",
+              a.description(), " and ", b.description());
+  EMBER_CHECK(a.size(0) == b.size(0) && a.size(2) == b.size(1), ShapeError, "bmm: shapes ", shape_str(a.sizes()),
+              " and ", shape_str(b.sizes()), " cannot be multiplied (expected [B, M, K] x [B, K, N])");
+  return run_bmm(a, b);
+}
+
+Tensor matmul(const Tensor& a, const Tensor& b) {
+  check_operands("matmul", a, b);
+  const int64_t ka = a.size(-1);
+  const int64_t kb = b.dim() == 1 ? b.size(0) : b.size(-2);
+  EMBER_CHECK(ka == kb, ShapeError, "matmul: shapes ", shape_str(a.sizes()), " and ", shape_str(b.sizes()),
+              " cannot be multiplied (inner dims ", ka, " and ", kb, " differ)");
+  const int64_t K = ka;
+
+  if (b.dim() <= 2) {
+    // Fold every leading dim of a into M: one GEMM, no broadcast copy of b.
+    const Tensor b2 = b.dim() == 1 ? b.view({K, 1}) : b;
+    const int64_t N = b2.size(1);
+    const Tensor a2 = a.reshape({numel_of(Shape(a.sizes().begin(), a.sizes().end() - 1)), K});
+    Tensor out = run_bmm(a2.unsqueeze(0), b2.unsqueeze(0));  // [1, M, N]
+    Shape shape(a.sizes().begin(), a.sizes().end() - 1);      // a's leading dims (and M when a is not 1-d)
+    if (b.dim() == 2) shape.push_back(N);
+    return out.view(shape);
+  }
+
+  // b has >= 3 dims: broadcast the batch dims of both sides.
+  const Tensor a2 = a.dim() == 1 ? a.view({1, K}) : a;
+  const int64_t M = a2.size(-2), N = b.size(-1);
+  const Shape a_batch(a2.sizes().begin(), a2.sizes().end() - 2);
+  const Shape b_batch(b.sizes().begin(), b.sizes().end() - 2);
+  const Shape batch = broadcast_shapes(a_batch, b_batch, "matmul");
+  const int64_t B = numel_of(batch);
+  Shape a_full = batch, b_full = batch;
+  a_full.insert(a_full.end(), {M, K});
+  b_full.insert(b_full.end(), {K, N});
+  // reshape keeps broadcast (stride-0) batch dims as views when they merge, else packs a copy.
+  const Tensor a3 = a2.expand(a_full).reshape({B, M, K});
+  const Tensor b3 = b.expand(b_full).reshape({B, K, N});
+  Tensor out = run_bmm(a3, b3);
+  Shape shape = batch;
+  if (a.dim() > 1) shape.push_back(M);
+  shape.push_back(N);
+  return out.view(shape);
+}
+
+Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
+  common_device("linear", {&x, &weight, &bias});
+  EMBER_CHECK(weight.dim() == 2, ShapeError, "linear: weight must be 2-d [out_features, in_features], got ",
+              weight.description());
+  EMBER_CHECK(x.dim() > 0 && x.size(-1) == weight.size(1), ShapeError, "linear: input ", shape_str(x.sizes()),
+              " does not end in in_features ", weight.size(1), " of weight ", shape_str(weight.sizes()));
+  EMBER_CHECK(x.dtype() == weight.dtype(), DTypeError, "linear: input and weight must have one dtype, got ",
+              x.description(), " and ", weight.description());
+  if (bias.defined()) {
+    EMBER_CHECK(bias.dim() == 1 && bias.size(0) == weight.size(0), ShapeError, "linear: bias must be [",
+                weight.size(0), "] for weight ", shape_str(weight.sizes()), ", got ", bias.description());
+    EMBER_CHECK(bias.dtype() == x.dtype(), DTypeError, "linear: bias dtype must match the input, got ",
+                bias.description(), " and ", x.description());
+  }
+  Tensor y = matmul(x, weight.t());
+  return bias.defined() ? add(y, bias) : y;
+}
+
+}  // namespace ember

@@ -1,0 +1,251 @@
+// matmul / bmm / linear against a naive float64 triple loop written here: every rank combination of matmul (with
+// broadcast batch dims), transposed and strided operands, large K, empty dims, and every error path.
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "tests/harness/op_harness.h"
+
+namespace ember::testing {
+namespace {
+
+// Naive PyTorch-semantics matmul over std::vector<double>.
+Tensor ref_matmul(const Tensor& a, const Tensor& b) {
+  const std::vector<double> va = a.to_vector<double>(), vb = b.to_vector<double>();
+  Shape sa = a.sizes(), sb = b.sizes();
+  const bool a_vec = sa.size() == 1, b_vec = sb.size() == 1;
+  if (a_vec) sa.insert(sa.begin(), 1);
+  if (b_vec) sb.push_back(1);
+  const int64_t M = sa[sa.size() - 2], K = sa.back(), N = sb.back();
+  const Shape ba(sa.begin(), sa.end() - 2), bb(sb.begin(), sb.end() - 2);
+  const size_t nb = std::max(ba.size(), bb.size());
+  Shape batch(nb);
+  for (size_t i = 0; i < nb; ++i) {
+    const int64_t da = i + ba.size() >= nb ? ba[i + ba.size() - nb] : 1;
+    const int64_t db = i + bb.size() >= nb ? bb[i + bb.size() - nb] : 1;
+    batch[i] = std::max(da, db);
+  }
+  // Linear batch index of an operand with batch shape `own` for the broadcast batch multi-index of `flat`.
+  auto operand_batch = [&](const Shape& own, int64_t flat) {
+    int64_t idx = 0, mul = 1;
+    for (int64_t i = static_cast<int64_t>(nb) - 1; i >= 0; --i) {
+      const int64_t coord = flat % batch[i];
+      flat /= batch[i];
+      const int64_t j = i - static_cast<int64_t>(nb - own.size());
+      if (j < 0) continue;
+      if (own[j] != 1) idx += coord * mul;
+      mul *= own[j];
+    }
+    return idx;
+  };
+  const int64_t B = numel_of(batch);
+  std::vector<double> out(static_cast<size_t>(B * M * N));
+  for (int64_t t = 0; t < B; ++t) {
+    const double* pa = va.data() + operand_batch(ba, t) * M * K;
+    const double* pb = vb.data() + operand_batch(bb, t) * K * N;
+    for (int64_t i = 0; i < M; ++i)
+      for (int64_t j = 0; j < N; ++j) {
+        double s = 0.0;
+        for (int64_t k = 0; k < K; ++k) s += pa[i * K + k] * pb[k * N + j];
+        out[t * M * N + i * N + j] = s;
+      }
+  }
+  Shape shape = batch;
+  if (!a_vec) shape.push_back(M);
+  if (!b_vec) shape.push_back(N);
+  return from_vector(out, shape);
+}
+
+// Each output sums K products, and the rounding error of that sum grows like sqrt(K) for random-sign terms (a device
+// may accumulate in a different order or in 16-bit steps), so the absolute tolerance scales with sqrt(K).
+std::function<Tolerance(DType)> matmul_tolerance(int64_t K) {
+  return [K](DType dt) {
+    Tolerance t = default_tolerance(dt);
+    t.atol *= std::max(1.0, std::sqrt(static_cast<double>(K) / 16.0));
+    return t;
+  };
+}
+
+class MatmulTest : public DeviceTest {};
+
+TEST_P(MatmulTest, AllRankCombinations) {
+  EMBER_REQUIRE_KERNEL(bmm_stub);
+  const std::vector<std::pair<Shape, Shape>> cases = {
+      {{7}, {7}},                    // 1-1: dot -> 0-d
+      {{7}, {7, 3}},                 // 1-2
+      {{5, 7}, {7}},                 // 2-1
+      {{5, 7}, {7, 3}},              // 2-2
+      {{2, 5, 7}, {7, 3}},           // 3-2
+      {{5, 7}, {2, 7, 3}},           // 2-3
+      {{7}, {2, 7, 3}},              // 1-3
+      {{2, 5, 7}, {7}},              // 3-1
+      {{2, 5, 7}, {2, 7, 3}},        // 3-3
+      {{1, 5, 7}, {4, 7, 3}},        // 3-3, a's batch broadcasts
+      {{2, 1, 5, 7}, {3, 7, 6}},     // 4-3 with broadcast on both sides
+      {{3, 1, 5, 7}, {1, 2, 7, 6}},  // 4-4 with crossed broadcast
+      {{1, 1}, {1, 1}},
+  };
+  for (const auto& [sa, sb] : cases) {
+    SCOPED_TRACE(shape_str(sa) + " @ " + shape_str(sb));
+    OpCase c{"matmul", {rand_input(sa), rand_input(sb)}, [](const Inputs& in) { return matmul(in[0], in[1]); }};
+    c.reference = [](const Inputs& in) { return ref_matmul(in[0], in[1]); };
+    c.tolerance = matmul_tolerance(sa.back());
+    check_op(c, device());
+  }
+  // The 1-1 case is 0-d.
+  const Tensor x = ones({4}, TensorOptions(DType::f32, device()));
+  EXPECT_EQ(matmul(x, x).dim(), 0);
+  EXPECT_EQ(matmul(x, x).item_double(), 4.0);
+}
+
+TEST_P(MatmulTest, TransposedAndStridedOperands) {
+  EMBER_REQUIRE_KERNEL(bmm_stub);
+  // Transposes inside the op call, so every dtype sees the strided view.
+  OpCase t{"matmul", {rand_input({6, 5}), rand_input({3, 6})},
+           [](const Inputs& in) { return matmul(in[0].t(), in[1].t()); }};
+  t.reference = [](const Inputs& in) { return ref_matmul(in[0].t(), in[1].t()); };
+  check_op(t, device());
+  // Strided in both dims (every other row and column): no unit stride at all.
+  OpCase s{"matmul", {rand_input({8, 10}), rand_input({10, 6})}, [](const Inputs& in) {
+             return matmul(in[0].slice(0, 0, 8, 2).slice(1, 0, 10, 2), in[1].slice(0, 0, 10, 2).slice(1, 0, 6, 2));
+           }};
+  s.reference = [](const Inputs& in) {
+    return ref_matmul(in[0].slice(0, 0, 8, 2).slice(1, 0, 10, 2), in[1].slice(0, 0, 10, 2).slice(1, 0, 6, 2));
+  };
+  check_op(s, device());
+  // Batched, with the batch dim not outermost in memory.
+  OpCase b{"matmul", {rand_input({4, 3, 5}), rand_input({5, 3, 2})}, [](const Inputs& in) {
+             return matmul(in[0].transpose(0, 1), in[1].permute({1, 0, 2}));
+           }};
+  b.reference = [](const Inputs& in) { return ref_matmul(in[0].transpose(0, 1), in[1].permute({1, 0, 2})); };
+  check_op(b, device());
+  OpCase n{"matmul", {noncontiguous_input({2, 3, 4}), noncontiguous_input({4, 5})},
+           [](const Inputs& in) { return matmul(in[0], in[1]); }};
+  n.reference = [](const Inputs& in) { return ref_matmul(in[0], in[1]); };
+  check_op(n, device());
+}
+
+TEST_P(MatmulTest, LargeInnerDimension) {
+  EMBER_REQUIRE_KERNEL(bmm_stub);
+  for (int64_t K : {256, 2048}) {
+    SCOPED_TRACE(K);
+    OpCase c{"matmul", {rand_input({9, K}), rand_input({K, 7})}, [](const Inputs& in) { return matmul(in[0], in[1]); }};
+    c.reference = [](const Inputs& in) { return ref_matmul(in[0], in[1]); };
+    c.tolerance = matmul_tolerance(K);
+    check_op(c, device());
+  }
+}
+
+TEST_P(MatmulTest, EmptyDims) {
+  EMBER_REQUIRE_KERNEL(bmm_stub);
+  const TensorOptions f32(DType::f32, device());
+  const Tensor z = matmul(empty({3, 0}, f32), empty({0, 4}, f32));  // K = 0: zeros
+  EXPECT_EQ(z.sizes(), Shape({3, 4}));
+  EXPECT_EQ(z.to_vector<double>(), std::vector<double>(12, 0.0));
+  EXPECT_EQ(matmul(empty({0, 5}, f32), ones({5, 4}, f32)).sizes(), Shape({0, 4}));
+  EXPECT_EQ(matmul(empty({2, 0, 5}, f32), ones({5, 4}, f32)).sizes(), Shape({2, 0, 4}));
+  EXPECT_EQ(matmul(ones({3, 5}, f32), empty({0, 5, 4}, f32)).sizes(), Shape({0, 3, 4}));
+  EXPECT_EQ(matmul(empty({0}, f32), empty({0}, f32)).item_double(), 0.0);
+  EXPECT_EQ(bmm(empty({2, 3, 0}, f32), empty({2, 0, 4}, f32)).to_vector<double>(), std::vector<double>(24, 0.0));
+}
+
+TEST_P(MatmulTest, BmmMatchesReference) {
+  EMBER_REQUIRE_KERNEL(bmm_stub);
+  OpCase c{"bmm", {rand_input({3, 4, 5}), rand_input({3, 5, 2})}, [](const Inputs& in) { return bmm(in[0], in[1]); }};
+  c.reference = [](const Inputs& in) { return ref_matmul(in[0], in[1]); };
+  check_op(c, device());
+  // A broadcast (stride-0) batch dim and a transposed right operand reach the kernel as they are.
+  OpCase e{"bmm", {rand_input({3, 4, 5}), rand_input({1, 2, 5})},
+           [](const Inputs& in) { return bmm(in[0], in[1].expand({3, 2, 5}).transpose(1, 2)); }};
+  e.reference = [](const Inputs& in) { return ref_matmul(in[0], in[1].expand({3, 2, 5}).transpose(1, 2)); };
+  check_op(e, device());
+}
+
+TEST_P(MatmulTest, LinearMatchesReference) {
+  EMBER_REQUIRE_KERNEL(bmm_stub);
+  // y[r, o] = sum_i x[r, i] * w[o, i] + b[o], written out directly.
+  auto ref_linear = [](const Inputs& in) {
+    const Tensor& x = in[0];
+    const std::vector<double> vx = x.to_vector<double>(), vw = in[1].to_vector<double>();
+    const std::vector<double> vb = in.size() > 2 ? in[2].to_vector<double>() : std::vector<double>();
+    const int64_t O = in[1].size(0), I = in[1].size(1), R = x.numel() / I;
+    std::vector<double> y(static_cast<size_t>(R * O));
+    for (int64_t r = 0; r < R; ++r)
+      for (int64_t o = 0; o < O; ++o) {
+        double s = vb.empty() ? 0.0 : vb[o];
+        for (int64_t i = 0; i < I; ++i) s += vx[r * I + i] * vw[o * I + i];
+        y[r * O + o] = s;
+      }
+    Shape shape(x.sizes().begin(), x.sizes().end() - 1);
+    shape.push_back(O);
+    return from_vector(y, shape);
+  };
+  for (const Shape& xs : {Shape{2, 3, 5}, Shape{6, 5}, Shape{5}}) {
+    SCOPED_TRACE(shape_str(xs));
+    OpCase c{"linear", {rand_input(xs), rand_input({4, 5}), rand_input({4})},
+             [](const Inputs& in) { return linear(in[0], in[1], in[2]); }};
+    c.reference = ref_linear;
+    check_op(c, device());
+    OpCase n{"linear", {rand_input(xs), rand_input({4, 5})}, [](const Inputs& in) { return linear(in[0], in[1]); }};
+    n.reference = ref_linear;
+    check_op(n, device());
+  }
+}
+
+EMBER_INSTANTIATE_DEVICE_TESTS(MatmulTest);
+
+TEST(MatmulErrors, InnerDimensionMismatchNamesBothShapes) {
+  try {
+    matmul(zeros({2, 3}), zeros({4, 5}));
+    FAIL() << "expected ShapeError";
+  } catch (const ShapeError& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("matmul"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("[2, 3]"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("[4, 5]"), std::string::npos) << msg;
+  }
+  EXPECT_THROW(matmul(zeros({3}), zeros({4})), ShapeError);
+  EXPECT_THROW(matmul(zeros({3}), zeros({2, 4, 5})), ShapeError);
+  EXPECT_THROW(matmul(zeros({2, 5, 3}), zeros({4})), ShapeError);
+  EXPECT_THROW(matmul(zeros({2, 5, 3}), zeros({3, 3, 4})), ShapeError);  // batch dims 2 and 3 do not broadcast
+}
+
+TEST(MatmulErrors, ZeroDimDTypeAndDevice) {
+  EXPECT_THROW(matmul(zeros({}), zeros({3})), ShapeError);
+  EXPECT_THROW(matmul(zeros({3}), zeros({})), ShapeError);
+  EXPECT_THROW(matmul(zeros({2, 3}), zeros({3, 2}, DType::f64)), DTypeError);  // no silent promotion
+  EXPECT_THROW(matmul(zeros({2, 3}, DType::f16), zeros({3, 2}, DType::bf16)), DTypeError);
+  EXPECT_THROW(matmul(zeros({2, 3}, DType::i32), zeros({3, 2}, DType::i32)), DTypeError);
+  EXPECT_THROW(matmul(zeros({2, 3}, DType::i64), zeros({3, 2}, DType::i64)), DTypeError);
+  EXPECT_THROW(matmul(zeros({2, 3}), empty({3, 2}, TensorOptions(DType::f32, Device::meta()))), DeviceError);
+}
+
+TEST(MatmulErrors, Bmm) {
+  EXPECT_THROW(bmm(zeros({3, 4}), zeros({4, 5})), ShapeError);
+  EXPECT_THROW(bmm(zeros({2, 3, 4}), zeros({3, 4, 5})), ShapeError);  // batch sizes differ
+  EXPECT_THROW(bmm(zeros({2, 3, 4}), zeros({2, 5, 5})), ShapeError);
+  EXPECT_THROW(bmm(zeros({2, 3, 4}), zeros({2, 4, 5}, DType::f64)), DTypeError);
+  EXPECT_THROW(bmm(zeros({2, 3, 4}, DType::i32), zeros({2, 4, 5}, DType::i32)), DTypeError);
+  EXPECT_THROW(bmm(zeros({2, 3, 4}), empty({2, 4, 5}, TensorOptions(DType::f32, Device::meta()))), DeviceError);
+}
+
+TEST(MatmulErrors, Linear) {
+  EXPECT_THROW(linear(zeros({2, 5}), zeros({4, 6})), ShapeError);
+  EXPECT_THROW(linear(zeros({2, 5}), zeros({4, 5, 1})), ShapeError);
+  EXPECT_THROW(linear(zeros({2, 5}), zeros({4, 5}), zeros({3})), ShapeError);
+  EXPECT_THROW(linear(zeros({}), zeros({4, 5})), ShapeError);
+  EXPECT_THROW(linear(zeros({2, 5}), zeros({4, 5}, DType::f64)), DTypeError);
+  EXPECT_THROW(linear(zeros({2, 5}), zeros({4, 5}), zeros({4}, DType::f64)), DTypeError);
+  EXPECT_THROW(linear(zeros({2, 5}, DType::i32), zeros({4, 5}, DType::i32)), DTypeError);
+  EXPECT_THROW(linear(zeros({2, 5}), zeros({4, 5}), empty({4}, TensorOptions(DType::f32, Device::meta()))),
+               DeviceError);
+}
+
+TEST(MatmulMeta, ShapesOnlyOnMeta) {
+  const TensorOptions meta(DType::f16, Device::meta());
+  EXPECT_EQ(matmul(empty({2, 1, 5, 7}, meta), empty({3, 7, 6}, meta)).sizes(), Shape({2, 3, 5, 6}));
+  EXPECT_EQ(matmul(empty({8, 16, 32}, meta), empty({32, 4}, meta)).sizes(), Shape({8, 16, 4}));
+}
+
+}  // namespace
+}  // namespace ember::testing
