@@ -99,7 +99,8 @@ EMBER_DECLARE_STUB(max_pool2d, MaxPool2dFn);
 EMBER_DECLARE_STUB(avg_pool2d, AvgPool2dFn);
 
 // ---- dropout ----------------------------------------------------------------------------------------------------
-// Element i (row-major over the contiguous out) is kept iff philox_uniform_element(seed, offset, i) < 1 - p;
+// Element i (row-major over the contiguous out) is kept iff double(philox_uniform_element(seed, offset, i)) < 1 - p
+// (compared in double on every device: in float the mask differs, e.g. at p = 0.3); dropped elements are exactly 0;
 // kept elements are scaled by 1 / (1 - p). mask: bool, same shape (or undefined when not wanted).
 using DropoutFn = void (*)(const Tensor& in, double p, uint64_t seed, uint64_t offset, const Tensor& out,
                            const Tensor& mask);

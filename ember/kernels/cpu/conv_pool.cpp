@@ -1,0 +1,176 @@
+// CPU conv2d (im2col + Eigen GEMM per image and group) and max/avg pool2d (direct loops), NCHW, any input strides.
+// Invariant: f16/bf16 are only storage: inputs are widened to float buffers, every sum runs in op_math_t, and each
+// output element is rounded once when stored.
+#include <Eigen/Dense>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "ember/kernels/cpu/loops.h"
+#include "ember/kernels/stubs.h"
+
+namespace ember::kernels::cpu {
+namespace {
+
+template <class scalar_t>
+void conv2d_typed(const Tensor& x, const Tensor& weight, const Tensor& bias, const Conv2dParams& p,
+                  const Tensor& out) {
+  using acc_t = op_math_t<scalar_t>;
+  using Mat = Eigen::Matrix<acc_t, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+  using MapMat = Eigen::Map<Mat>;
+  const int64_t n_img = x.size(0), h = x.size(2), w = x.size(3);
+  const int64_t o = weight.size(0), cg = weight.size(1), kh = weight.size(2), kw = weight.size(3);
+  const int64_t groups = p.groups, og = o / groups;
+  const int64_t oh = out.size(2), ow = out.size(3);
+  const int64_t k = cg * kh * kw, plane = oh * ow;
+  const int64_t sh = p.stride[0], sw = p.stride[1], ph = p.padding[0], pw = p.padding[1];
+  const int64_t dh = p.dilation[0], dw = p.dilation[1];
+
+  // Weight as a dense [O, K] matrix in the compute type, K ordered (c, i, j) like the im2col rows.
+  Mat wmat(o, k);
+  {
+    const scalar_t* wp = static_cast<const scalar_t*>(weight.raw_data());
+    const int64_t s0 = weight.stride(0), s1 = weight.stride(1), s2 = weight.stride(2), s3 = weight.stride(3);
+    for (int64_t oc = 0; oc < o; ++oc)
+      for (int64_t c = 0; c < cg; ++c)
+        for (int64_t i = 0; i < kh; ++i)
+          for (int64_t j = 0; j < kw; ++j)
+            wmat(oc, (c * kh + i) * kw + j) = static_cast<acc_t>(wp[oc * s0 + c * s1 + i * s2 + j * s3]);
+  }
+  std::vector<acc_t> bvec(static_cast<size_t>(o), acc_t(0));
+  if (bias.defined()) {
+    const scalar_t* bp = static_cast<const scalar_t*>(bias.raw_data());
+    for (int64_t oc = 0; oc < o; ++oc) bvec[static_cast<size_t>(oc)] = static_cast<acc_t>(bp[oc * bias.stride(0)]);
+  }
+
+  const scalar_t* xp = static_cast<const scalar_t*>(x.raw_data());
+  const int64_t xs0 = x.stride(0), xs1 = x.stride(1), xs2 = x.stride(2), xs3 = x.stride(3);
+  scalar_t* op = static_cast<scalar_t*>(out.raw_data());
+  Mat col(k, plane);
+  Mat res;  // only for storage types narrower than the compute type
+  if constexpr (!std::is_same_v<acc_t, scalar_t>) res.resize(og, plane);
+
+  for (int64_t n = 0; n < n_img; ++n) {
+    for (int64_t g = 0; g < groups; ++g) {
+      // im2col: row (c, i, j), column (y, z) holds x[n, g*cg + c, y*sh - ph + i*dh, z*sw - pw + j*dw] or 0.
+      for (int64_t c = 0; c < cg; ++c) {
+        const scalar_t* xc = xp + n * xs0 + (g * cg + c) * xs1;
+        for (int64_t i = 0; i < kh; ++i)
+          for (int64_t j = 0; j < kw; ++j) {
+            acc_t* row = col.data() + ((c * kh + i) * kw + j) * plane;
+            for (int64_t y = 0; y < oh; ++y) {
+              const int64_t iy = y * sh - ph + i * dh;
+              acc_t* dst = row + y * ow;
+              if (iy < 0 || iy >= h) {
+                std::fill(dst, dst + ow, acc_t(0));
+                continue;
+              }
+              const scalar_t* xrow = xc + iy * xs2;
+              for (int64_t z = 0; z < ow; ++z) {
+                const int64_t ix = z * sw - pw + j * dw;
+                dst[z] = (ix >= 0 && ix < w) ? static_cast<acc_t>(xrow[ix * xs3]) : acc_t(0);
+              }
+            }
+          }
+      }
+      scalar_t* out_g = op + (n * o + g * og) * plane;
+      if constexpr (std::is_same_v<acc_t, scalar_t>) {
+        MapMat dst(out_g, og, plane);
+        if (k == 0) dst.setZero();
+        else dst.noalias() = wmat.middleRows(g * og, og) * col;
+        for (int64_t r = 0; r < og; ++r) dst.row(r).array() += bvec[static_cast<size_t>(g * og + r)];
+      } else {
+        if (k == 0) res.setZero();
+        else res.noalias() = wmat.middleRows(g * og, og) * col;
+        for (int64_t r = 0; r < og; ++r) {
+          const acc_t b = bvec[static_cast<size_t>(g * og + r)];
+          for (int64_t q = 0; q < plane; ++q) out_g[r * plane + q] = scalar_t(res(r, q) + b);
+        }
+      }
+    }
+  }
+}
+
+void conv2d_kernel(const Tensor& x, const Tensor& weight, const Tensor& bias, const Conv2dParams& p,
+                   const Tensor& out) {
+  EMBER_DISPATCH_FLOAT(x.dtype(), "conv2d", [&] { conv2d_typed<scalar_t>(x, weight, bias, p, out); });
+}
+
+// Calls f(plane_in, plane_out_offset) for every (n, c) plane of x [N, C, H, W] and the contiguous out.
+template <class scalar_t, class F>
+void for_each_plane(const Tensor& x, const Tensor& out, F&& f) {
+  const scalar_t* xp = static_cast<const scalar_t*>(x.raw_data());
+  const int64_t plane_out = out.size(2) * out.size(3);
+  for (int64_t n = 0; n < x.size(0); ++n)
+    for (int64_t c = 0; c < x.size(1); ++c)
+      f(xp + n * x.stride(0) + c * x.stride(1), (n * x.size(1) + c) * plane_out);
+}
+
+void max_pool2d_kernel(const Tensor& x, const Pool2dParams& p, const Tensor& out, const Tensor& indices) {
+  EMBER_DISPATCH_FLOAT(x.dtype(), "max_pool2d", [&] {
+    using acc_t = op_math_t<scalar_t>;
+    const int64_t h = x.size(2), w = x.size(3), oh = out.size(2), ow = out.size(3);
+    const int64_t xs2 = x.stride(2), xs3 = x.stride(3);
+    scalar_t* op = static_cast<scalar_t*>(out.raw_data());
+    int64_t* ip = indices.defined() ? static_cast<int64_t*>(indices.raw_data()) : nullptr;
+    for_each_plane<scalar_t>(x, out, [&](const scalar_t* xc, int64_t base) {
+      for (int64_t y = 0; y < oh; ++y) {
+        const int64_t y0 = y * p.stride[0] - p.padding[0];
+        const int64_t ya = std::max<int64_t>(y0, 0), yb = std::min<int64_t>(y0 + p.kernel[0], h);
+        for (int64_t z = 0; z < ow; ++z) {
+          const int64_t z0 = z * p.stride[1] - p.padding[1];
+          const int64_t za = std::max<int64_t>(z0, 0), zb = std::min<int64_t>(z0 + p.kernel[1], w);
+          // Padding counts as -inf: only the window's in-bounds part is read. NaN propagates (the last one wins).
+          acc_t best = -std::numeric_limits<acc_t>::infinity();
+          int64_t best_i = ya * w + za;
+          for (int64_t yy = ya; yy < yb; ++yy)
+            for (int64_t zz = za; zz < zb; ++zz) {
+              const acc_t v = static_cast<acc_t>(xc[yy * xs2 + zz * xs3]);
+              if (v > best || std::isnan(v)) {
+                best = v;
+                best_i = yy * w + zz;
+              }
+            }
+          op[base + y * ow + z] = scalar_t(best);
+          if (ip) ip[base + y * ow + z] = best_i;
+        }
+      }
+    });
+  });
+}
+
+void avg_pool2d_kernel(const Tensor& x, const Pool2dParams& p, const Tensor& out) {
+  EMBER_DISPATCH_FLOAT(x.dtype(), "avg_pool2d", [&] {
+    using acc_t = op_math_t<scalar_t>;
+    const int64_t h = x.size(2), w = x.size(3), oh = out.size(2), ow = out.size(3);
+    const int64_t xs2 = x.stride(2), xs3 = x.stride(3);
+    scalar_t* op = static_cast<scalar_t*>(out.raw_data());
+    for_each_plane<scalar_t>(x, out, [&](const scalar_t* xc, int64_t base) {
+      for (int64_t y = 0; y < oh; ++y) {
+        const int64_t y0 = y * p.stride[0] - p.padding[0];
+        const int64_t y1 = std::min<int64_t>(y0 + p.kernel[0], h + p.padding[0]);
+        const int64_t ya = std::max<int64_t>(y0, 0), yb = std::min<int64_t>(y1, h);
+        for (int64_t z = 0; z < ow; ++z) {
+          const int64_t z0 = z * p.stride[1] - p.padding[1];
+          const int64_t z1 = std::min<int64_t>(z0 + p.kernel[1], w + p.padding[1]);
+          const int64_t za = std::max<int64_t>(z0, 0), zb = std::min<int64_t>(z1, w);
+          acc_t sum = 0;
+          for (int64_t yy = ya; yy < yb; ++yy)
+            for (int64_t zz = za; zz < zb; ++zz) sum += static_cast<acc_t>(xc[yy * xs2 + zz * xs3]);
+          const int64_t count = p.count_include_pad ? (y1 - y0) * (z1 - z0) : (yb - ya) * (zb - za);
+          op[base + y * ow + z] = scalar_t(sum / static_cast<acc_t>(count));
+        }
+      }
+    });
+  });
+}
+
+}  // namespace
+
+EMBER_REGISTER_KERNEL(conv2d, DeviceType::CPU, conv2d_kernel);
+EMBER_REGISTER_KERNEL(max_pool2d, DeviceType::CPU, max_pool2d_kernel);
+EMBER_REGISTER_KERNEL(avg_pool2d, DeviceType::CPU, avg_pool2d_kernel);
+
+}  // namespace ember::kernels::cpu
