@@ -14,8 +14,9 @@ namespace ember {
 using CopyFn = void (*)(const Tensor& src, const Tensor& dst);
 // dst[i] = value for every element of the view.
 using FillFn = void (*)(const Tensor& dst, Scalar value);
-// dst (contiguous) element i = start + i * step.
-using ArangeFn = void (*)(const Tensor& dst, double start, double step);
+// dst (contiguous) element i = start + i * step: in int64 when dst is an integer dtype and start/step are integers
+// (exact over the whole i64 range), else in double.
+using ArangeFn = void (*)(const Tensor& dst, Scalar start, Scalar step);
 enum class RandomKind { Uniform, Normal };
 // dst (contiguous) element i: Uniform -> a + (b - a) * u_i; Normal -> a + b * z_i  (Note [Philox stream]).
 using RandomFn = void (*)(const Tensor& dst, RandomKind kind, double a, double b, uint64_t seed, uint64_t offset);

@@ -53,9 +53,16 @@ Tensor arange(Scalar start, Scalar end, Scalar step, TensorOptions opts) {
   EMBER_CHECK(st != 0.0, ValueError, "arange: step must be nonzero");
   EMBER_CHECK(std::isfinite(s) && std::isfinite(e) && std::isfinite(st), ValueError, "arange: bounds must be finite");
   EMBER_CHECK((e - s) / st >= 0.0, ValueError, "arange: step ", st, " does not lead from ", s, " to ", e);
-  const int64_t n = static_cast<int64_t>(std::ceil((e - s) / st));
+  int64_t n;
+  if (start.is_integral() && end.is_integral() && step.is_integral()) {
+    // Exact length for integer bounds: ceil((end - start) / step) in 128-bit arithmetic.
+    const __int128 span = static_cast<__int128>(end.to_int()) - start.to_int(), stp = step.to_int();
+    n = static_cast<int64_t>(span / stp + ((span % stp) != 0 ? 1 : 0));
+  } else {
+    n = static_cast<int64_t>(std::ceil((e - s) / st));
+  }
   Tensor t = empty({n}, opts);
-  if (n > 0 && !t.device().is_meta()) arange_stub.get(t.device().type)(t, s, st);
+  if (n > 0 && !t.device().is_meta()) arange_stub.get(t.device().type)(t, start, step);
   return t;
 }
 

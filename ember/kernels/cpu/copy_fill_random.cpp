@@ -31,10 +31,17 @@ void fill_kernel(const Tensor& dst, Scalar value) {
   });
 }
 
-void arange_kernel(const Tensor& dst, double start, double step) {
+void arange_kernel(const Tensor& dst, Scalar start, Scalar step) {
+  const bool int_path = is_integral(dst.dtype()) && start.is_integral() && step.is_integral();
   EMBER_DISPATCH_ALL(dst.dtype(), "arange", [&] {
     scalar_t* p = static_cast<scalar_t*>(dst.raw_data());
-    for (int64_t i = 0; i < dst.numel(); ++i) p[i] = convert<scalar_t>(start + static_cast<double>(i) * step);
+    if (int_path) {
+      const int64_t s = start.to_int(), st = step.to_int();
+      for (int64_t i = 0; i < dst.numel(); ++i) p[i] = convert<scalar_t>(s + i * st);
+    } else {
+      const double s = start.to_double(), st = step.to_double();
+      for (int64_t i = 0; i < dst.numel(); ++i) p[i] = convert<scalar_t>(s + static_cast<double>(i) * st);
+    }
   });
 }
 
