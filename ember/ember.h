@@ -1,4 +1,5 @@
 // ember: one include for users — tensors, devices, dtypes, the op set and the allocator statistics.
+// Invariant: includes only public headers; nothing here pulls in Eigen or CUDA headers.
 #pragma once
 
 #include "ember/base/error.h"

@@ -1,4 +1,5 @@
 // EMBER_HD marks element math that both the CPU reference and the CUDA kernels compile (DESIGN.md §3).
+// Invariant: expands to nothing in host-only translation units, so the same header builds with g++ and nvcc.
 #pragma once
 
 #if defined(__CUDACC__)

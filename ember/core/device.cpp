@@ -1,4 +1,5 @@
 // Device parsing and printing.
+// Invariant: parsing accepts exactly what str() prints (plus the bare "cuda" for cuda:0).
 #include "ember/core/device.h"
 
 #include <cctype>

@@ -1,4 +1,5 @@
 // Where a tensor's bytes live: cpu, cuda:N, or meta (shape and dtype only, no bytes — for planning and estimation).
+// Invariant: index is 0 for cpu and meta, so Device equality is plain field equality.
 #pragma once
 
 #include <cstdint>

@@ -1,4 +1,5 @@
 // DType names, sizes, parsing and promotion.
+// Invariant: the tables here are the only place a DType's size and names are spelled out.
 #include "ember/core/dtype.h"
 
 #include <algorithm>

@@ -26,10 +26,17 @@ Tensor empty_strided(const Shape& shape, const Shape& strides, TensorOptions opt
   int64_t extent = numel_of(shape) == 0 ? 0 : 1;
   for (size_t i = 0; i < shape.size() && extent > 0; ++i) {
     EMBER_CHECK(strides[i] >= 0, ShapeError, "empty_strided: negative stride in ", shape_str(strides));
-    extent += (shape[i] - 1) * strides[i];
+    int64_t span = 0;
+    const bool overflow = __builtin_mul_overflow(shape[i] - 1, strides[i], &span) ||
+                          __builtin_add_overflow(extent, span, &extent);
+    EMBER_CHECK(!overflow, ShapeError, "empty: shape ", shape_str(shape), " with strides ", shape_str(strides),
+                " spans more elements than int64 can count");
   }
+  int64_t nbytes = 0;
+  EMBER_CHECK(!__builtin_mul_overflow(extent, itemsize(opts.dtype), &nbytes), ShapeError, "empty: ",
+              dtype_name(opts.dtype), shape_str(shape), " needs more bytes than int64 can count");
   auto impl = std::make_shared<TensorImpl>();
-  impl->storage = std::make_shared<StorageImpl>(extent * itemsize(opts.dtype), opts.device);
+  impl->storage = std::make_shared<StorageImpl>(nbytes, opts.device);
   impl->sizes = shape;
   impl->strides = strides;
   impl->dtype = opts.dtype;
@@ -77,10 +84,12 @@ namespace {
 Tensor random_tensor(const Shape& shape, RandomKind kind, double a, double b, TensorOptions opts, const char* op) {
   EMBER_CHECK(is_floating(opts.dtype), DTypeError, op, ": needs a floating dtype, got ", dtype_name(opts.dtype));
   Tensor t = empty(shape, opts);
+  // A meta tensor draws nothing, so a shape-only planning pass leaves the real run's random stream untouched.
+  if (t.numel() == 0 || t.device().is_meta()) return t;
   const uint64_t n = static_cast<uint64_t>(t.numel());
   const uint64_t counters = kind == RandomKind::Uniform ? philox_uniform_counters(n) : philox_normal_counters(n);
   const PhiloxState st = default_generator().reserve(counters);
-  if (n > 0 && !t.device().is_meta()) random_stub.get(t.device().type)(t, kind, a, b, st.seed, st.offset);
+  random_stub.get(t.device().type)(t, kind, a, b, st.seed, st.offset);
   return t;
 }
 }  // namespace

@@ -1,4 +1,5 @@
 // Generator: mutex-protected Philox state.
+// Invariant: every read-modify-write of the state holds the mutex, so reserve() ranges never overlap.
 #include "ember/core/generator.h"
 
 namespace ember {

@@ -1,7 +1,9 @@
 // Printing tensors PyTorch-style: nested brackets, summarised with "..." past a size limit, then dtype and device.
+// Invariant: printing never changes the tensor; integers print exactly, floats with 4 decimals.
 #include <cmath>
 #include <cstdio>
 #include <sstream>
+#include <type_traits>
 
 #include "ember/core/tensor.h"
 
@@ -11,12 +13,13 @@ namespace {
 
 constexpr int64_t kEdgeItems = 3;
 
-void print_rec(std::ostringstream& os, const std::vector<double>& v, const Shape& sizes, const Shape& strides,
+template <class V>
+void print_rec(std::ostringstream& os, const std::vector<V>& v, const Shape& sizes, const Shape& strides,
                int64_t dim, int64_t base, bool summarize, bool integral, int indent) {
   if (dim == static_cast<int64_t>(sizes.size())) {
     char buf[48];
-    const double x = v[static_cast<size_t>(base)];
-    if (integral) std::snprintf(buf, sizeof buf, "%lld", static_cast<long long>(x));
+    const V x = v[static_cast<size_t>(base)];
+    if constexpr (std::is_integral_v<V>) std::snprintf(buf, sizeof buf, "%lld", static_cast<long long>(x));
     else if (std::isnan(x)) std::snprintf(buf, sizeof buf, "nan");
     else if (std::isinf(x)) std::snprintf(buf, sizeof buf, x > 0 ? "inf" : "-inf");
     else std::snprintf(buf, sizeof buf, "%.4f", x);
@@ -47,9 +50,12 @@ std::string to_string(const Tensor& t, int64_t max_elements) {
   if (t.device().is_meta()) {
     os << "..., size=" << shape_str(t.sizes());
   } else {
-    const std::vector<double> v = t.to_vector<double>();
     const Shape st = contiguous_strides(t.sizes());
-    print_rec(os, v, t.sizes(), st, 0, 0, t.numel() > max_elements, is_integral(t.dtype()), 7);
+    const bool summarize = t.numel() > max_elements;
+    if (is_integral(t.dtype()))  // exact: i64 values above 2^53 do not survive a trip through double
+      print_rec(os, t.to_vector<int64_t>(), t.sizes(), st, 0, 0, summarize, true, 7);
+    else
+      print_rec(os, t.to_vector<double>(), t.sizes(), st, 0, 0, summarize, false, 7);
   }
   os << ", dtype=" << dtype_name(t.dtype()) << ", device=" << t.device().str() << ")";
   return os.str();

@@ -1,4 +1,5 @@
 // Shape helpers: element counts, strides, broadcasting, dim wrapping.
+// Invariant: element counts and extents are checked against int64 overflow; a ShapeError names the shape.
 #include "ember/core/shape.h"
 
 #include <sstream>
@@ -9,7 +10,10 @@ namespace ember {
 
 int64_t numel_of(const Shape& s) {
   int64_t n = 1;
-  for (int64_t d : s) n *= d;
+  for (int64_t d : s) {
+    EMBER_CHECK(!__builtin_mul_overflow(n, d, &n), ShapeError, "shape ", shape_str(s),
+                " has more elements than int64 can count");
+  }
   return n;
 }
 

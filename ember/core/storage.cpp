@@ -1,4 +1,5 @@
 // Storage: allocation through the device's allocator, release on destruction.
+// Invariant: bytes are returned to the allocator that gave them, exactly once.
 #include "ember/core/storage.h"
 
 #include "ember/base/error.h"

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstring>
 #include <optional>
+#include <utility>
 
 #include "ember/core/core_stubs.h"
 #include "ember/memory/cuda_device.h"
@@ -51,7 +52,11 @@ Tensor Tensor::make_view(Shape sizes, Shape strides, int64_t offset, const char*
     int64_t max_off = offset;
     for (size_t i = 0; i < sizes.size(); ++i) {
       EMBER_CHECK(strides[i] >= 0, ShapeError, op, ": negative strides are not supported");
-      max_off += (sizes[i] - 1) * strides[i];
+      int64_t span = 0;
+      const bool overflow = __builtin_mul_overflow(sizes[i] - 1, strides[i], &span) ||
+                            __builtin_add_overflow(max_off, span, &max_off);
+      EMBER_CHECK(!overflow, ShapeError, op, ": view ", shape_str(sizes), " with strides ", shape_str(strides),
+                  " addresses beyond int64");
     }
     const int64_t capacity = impl().storage->nbytes() / itemsize();
     EMBER_CHECK(offset >= 0 && max_off < capacity, ShapeError, op, ": view ", shape_str(sizes), " with strides ",
@@ -192,7 +197,7 @@ Tensor Tensor::slice(int64_t d, int64_t start, int64_t end, int64_t step) const 
   auto clampi = [n](int64_t i) { return std::clamp<int64_t>(i < 0 ? i + n : i, 0, n); };
   const int64_t s = clampi(start), e = std::max(clampi(end), s);
   Shape sz = sizes(), st = strides();
-  sz[w] = (e - s + step - 1) / step;
+  sz[w] = e == s ? 0 : (e - s - 1) / step + 1;
   st[w] = strides()[w] * step;
   return make_view(std::move(sz), std::move(st), storage_offset() + s * strides()[w], "slice");
 }
@@ -202,7 +207,7 @@ Tensor Tensor::narrow(int64_t d, int64_t start, int64_t length) const {
   EMBER_CHECK(dim() > 0, IndexError, "narrow: cannot narrow a 0-d tensor");
   const int64_t n = sizes()[w];
   const int64_t s = start < 0 ? start + n : start;
-  EMBER_CHECK(s >= 0 && length >= 0 && s + length <= n, IndexError, "narrow: start ", start, " length ", length,
+  EMBER_CHECK(s >= 0 && s <= n && length >= 0 && length <= n - s, IndexError, "narrow: start ", start, " length ", length,
               " is out of range for dim ", w, " of size ", n, " of ", description());
   return slice(w, s, s + length);
 }
@@ -299,30 +304,74 @@ Tensor Tensor::to(Device dev, DType dt) const {
   return out;
 }
 
+namespace {
+
+// [first, last] element offsets a view can touch (numel > 0).
+std::pair<int64_t, int64_t> element_range(const Tensor& t) {
+  int64_t last = t.storage_offset();
+  for (int64_t i = 0; i < t.dim(); ++i) last += (t.sizes()[i] - 1) * t.strides()[i];
+  return {t.storage_offset(), last};
+}
+
+bool has_internal_overlap(const Tensor& t) {
+  for (int64_t i = 0; i < t.dim(); ++i)
+    if (t.sizes()[i] > 1 && t.strides()[i] == 0) return true;
+  return false;
+}
+
+// Note [Overlapping copies]: copy kernels read and write element by element, so a source that shares bytes with
+// the destination under a different layout (a.copy_(a.t()), shifted slices) would read values already overwritten.
+// Such a source is first cloned; an identical view is a no-op.
+bool needs_staging(const Tensor& src, const Tensor& dst) {
+  if (src.storage() != dst.storage()) return false;
+  const auto [s0, s1] = element_range(src);
+  const auto [d0, d1] = element_range(dst);
+  const int64_t sb0 = s0 * src.itemsize(), sb1 = (s1 + 1) * src.itemsize();
+  const int64_t db0 = d0 * dst.itemsize(), db1 = (d1 + 1) * dst.itemsize();
+  return sb0 < db1 && db0 < sb1;
+}
+
+}  // namespace
+
 Tensor& Tensor::copy_(const Tensor& src) {
   EMBER_CHECK(src.defined(), ValueError, "copy_: source is an undefined tensor");
-  const Tensor s = src.expand(sizes());  // ShapeError when src does not broadcast to this shape
+  Tensor s = src.expand(sizes());  // ShapeError when src does not broadcast to this shape
   const Device dd = device(), sd = src.device();
-  bump_version();
-  if (numel() == 0 || dd.is_meta()) return *this;
+  if (numel() == 0 || dd.is_meta()) {
+    bump_version();
+    return *this;
+  }
+  EMBER_CHECK(!has_internal_overlap(*this), ValueError, "copy_: the destination ", description(), " with strides ",
+              shape_str(strides()), " has elements that share memory (an expanded view); copy into a clone()");
   EMBER_CHECK(!sd.is_meta(), DeviceError, "copy_: cannot copy data from a meta tensor into ", description());
+  bump_version();
   if (dd == sd) {
+    if (needs_staging(s, *this)) {  // Note [Overlapping copies]
+      if (s.sizes() == sizes() && s.strides() == strides() && s.storage_offset() == storage_offset() &&
+          s.dtype() == dtype())
+        return *this;
+      s = s.clone();
+    }
     copy_stub.get(dd.type)(s, *this);
     return *this;
   }
-  // Across devices: make a dense copy in the source dtype, move its bytes, then cast/scatter on the destination.
-  const Tensor dense = s.contiguous();
-  Tensor staged = empty(sizes(), {src.dtype(), dd});
+  // Across devices. A host source is first made dense in the destination dtype on the host (casting is cheap there
+  // and keeps device memory at one copy); bytes then move straight into the destination when it is contiguous, or
+  // into one staging buffer that the destination's copy kernel scatters from.
   using memory::cuda::CopyKind;
-  if (sd.is_cpu() && dd.is_cuda()) {
-    memory::cuda::copy_bytes(staged.raw_data(), dense.raw_data(), dense.nbytes(), CopyKind::HostToDevice, dd.index);
-  } else if (sd.is_cuda() && dd.is_cpu()) {
-    memory::cuda::copy_bytes(staged.raw_data(), dense.raw_data(), dense.nbytes(), CopyKind::DeviceToHost, sd.index);
-  } else if (sd.is_cuda() && dd.is_cuda()) {
-    memory::cuda::copy_bytes(staged.raw_data(), dense.raw_data(), dense.nbytes(), CopyKind::DeviceToDevice, dd.index);
-  } else {
-    EMBER_THROW(DeviceError, "copy_: unsupported copy from ", sd.str(), " to ", dd.str());
+  EMBER_CHECK((sd.is_cpu() || sd.is_cuda()) && (dd.is_cpu() || dd.is_cuda()), DeviceError,
+              "copy_: unsupported copy from ", sd.str(), " to ", dd.str());
+  const Tensor dense = sd.is_cpu() ? s.to(dtype()).contiguous() : s.contiguous();
+  const CopyKind kind = sd.is_cpu() ? CopyKind::HostToDevice
+                        : dd.is_cpu() ? CopyKind::DeviceToHost
+                                      : CopyKind::DeviceToDevice;
+  const int cuda_index = dd.is_cuda() ? dd.index : sd.index;
+  if (dense.dtype() == dtype() && is_contiguous()) {
+    memory::cuda::copy_bytes(raw_data(), dense.raw_data(), dense.nbytes(), kind, cuda_index);
+    return *this;
   }
+  Tensor staged = empty(sizes(), {dense.dtype(), dd});
+  memory::cuda::copy_bytes(staged.raw_data(), dense.raw_data(), dense.nbytes(), kind, cuda_index);
   copy_stub.get(dd.type)(staged, *this);
   return *this;
 }

@@ -1,4 +1,5 @@
 // Argument checks shared by the op front ends.
+// Invariant: checks only; they never allocate or touch data.
 #include "ember/kernels/ops.h"
 
 namespace ember {

@@ -33,4 +33,11 @@ class Allocator {
 // Human-readable byte count: "1.50 MiB".
 std::string format_bytes(int64_t bytes);
 
+// Debug aid (process-wide, off by default): every allocation is filled with 0xFF bytes before it is returned —
+// NaN in every floating format, -1 in signed integers — so a kernel that leaves output elements unwritten shows up
+// in tests instead of passing on lucky zeros. The test harness turns it on.
+void set_poison_allocations(bool on);
+bool poison_allocations();
+inline constexpr unsigned char kPoisonByte = 0xFF;
+
 }  // namespace ember::memory

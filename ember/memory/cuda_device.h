@@ -18,7 +18,10 @@ bool is_available();
 Allocator& allocator(int device);
 
 enum class CopyKind { HostToDevice, DeviceToHost, DeviceToDevice };
-// Synchronous byte copy on the current stream; `device` is the CUDA device involved.
+// Synchronous byte copy (cudaMemcpy) on the legacy default stream; `device` is the CUDA device involved and the
+// caller's current device is restored afterwards. Note [Copy ordering]: this is ordered with kernels because every
+// kernel launches on the legacy default stream today (kernels/cuda/stream.h current_stream); when kernels move to
+// other streams, copies must take that stream and synchronise it.
 void copy_bytes(void* dst, const void* src, int64_t nbytes, CopyKind kind, int device);
 
 void synchronize(int device);

@@ -32,6 +32,21 @@ int device_count() {
 
 namespace {
 
+// Makes `device` current for the scope and restores the caller's device afterwards.
+class ScopedDevice {
+ public:
+  explicit ScopedDevice(int device) {
+    EMBER_CUDA_CHECK(cudaGetDevice(&previous_));
+    if (previous_ != device) EMBER_CUDA_CHECK(cudaSetDevice(device));
+  }
+  ~ScopedDevice() { (void)cudaSetDevice(previous_); }
+  ScopedDevice(const ScopedDevice&) = delete;
+  ScopedDevice& operator=(const ScopedDevice&) = delete;
+
+ private:
+  int previous_ = 0;
+};
+
 class CudaMallocAllocator final : public Allocator {
  public:
   explicit CudaMallocAllocator(int device) : device_(device) {}
@@ -39,7 +54,7 @@ class CudaMallocAllocator final : public Allocator {
   void* allocate(int64_t nbytes) override {
     EMBER_CHECK(nbytes >= 0, ValueError, "cuda allocator: negative size ", nbytes);
     if (nbytes == 0) return nullptr;
-    EMBER_CUDA_CHECK(cudaSetDevice(device_));
+    ScopedDevice scoped(device_);
     void* p = nullptr;
     cudaError_t st = cudaMalloc(&p, static_cast<size_t>(nbytes));
     std::lock_guard<std::mutex> lock(mutex_);
@@ -56,7 +71,13 @@ class CudaMallocAllocator final : public Allocator {
           nbytes, static_cast<int64_t>(total_b), stats_.allocated_bytes, stats_.reserved_bytes);
     }
     EMBER_CUDA_CHECK(st);
-    live_.emplace(p, nbytes);
+    try {
+      live_.emplace(p, nbytes);
+    } catch (...) {
+      (void)cudaFree(p);
+      throw;
+    }
+    if (poison_allocations()) EMBER_CUDA_CHECK(cudaMemset(p, kPoisonByte, static_cast<size_t>(nbytes)));
     stats_.allocated_bytes += nbytes;
     stats_.reserved_bytes += nbytes;
     if (stats_.allocated_bytes > stats_.peak_allocated_bytes) stats_.peak_allocated_bytes = stats_.allocated_bytes;
@@ -114,7 +135,7 @@ Allocator& allocator(int device) {
 void copy_bytes(void* dst, const void* src, int64_t nbytes, CopyKind kind, int device) {
   check_device(device);
   if (nbytes == 0) return;
-  EMBER_CUDA_CHECK(cudaSetDevice(device));
+  ScopedDevice scoped(device);
   cudaMemcpyKind k = kind == CopyKind::HostToDevice   ? cudaMemcpyHostToDevice
                      : kind == CopyKind::DeviceToHost ? cudaMemcpyDeviceToHost
                                                       : cudaMemcpyDeviceToDevice;
@@ -123,7 +144,7 @@ void copy_bytes(void* dst, const void* src, int64_t nbytes, CopyKind kind, int d
 
 void synchronize(int device) {
   check_device(device);
-  EMBER_CUDA_CHECK(cudaSetDevice(device));
+  ScopedDevice scoped(device);
   EMBER_CUDA_CHECK(cudaDeviceSynchronize());
 }
 

@@ -1,13 +1,23 @@
 // Host allocator: std::aligned_alloc with a live-allocation map so statistics are exact and frees are validated.
+// Invariant: stats_ changes only together with live_, under mutex_; a pointer is in live_ iff it is ours and live.
 #include "ember/memory/host_allocator.h"
 
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <new>
 
 #include "ember/base/error.h"
 
 namespace ember::memory {
+
+namespace {
+std::atomic<bool> g_poison{false};
+}  // namespace
+
+void set_poison_allocations(bool on) { g_poison.store(on, std::memory_order_relaxed); }
+bool poison_allocations() { return g_poison.load(std::memory_order_relaxed); }
 
 std::string format_bytes(int64_t bytes) {
   const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
@@ -35,7 +45,13 @@ void* HostAllocator::allocate(int64_t nbytes) {
                                           " (", format_bytes(stats_.allocated_bytes), " already allocated)"),
                            nbytes, -1, stats_.allocated_bytes, stats_.reserved_bytes);
   }
-  live_.emplace(p, nbytes);
+  try {
+    live_.emplace(p, nbytes);
+  } catch (...) {  // the map could not grow: give the block back rather than leak it
+    std::free(p);
+    throw;
+  }
+  if (poison_allocations()) std::memset(p, kPoisonByte, static_cast<size_t>(nbytes));
   stats_.allocated_bytes += nbytes;
   stats_.reserved_bytes += rounded;
   if (stats_.allocated_bytes > stats_.peak_allocated_bytes) stats_.peak_allocated_bytes = stats_.allocated_bytes;

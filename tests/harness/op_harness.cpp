@@ -1,4 +1,5 @@
-// Op test harness implementation (see op_harness.h).
+// Op test harness implementation (see op_harness.h): seeded inputs, stride-preserving dtype/device conversion, and
+// the comparison loop. Invariant: the reference always sees exactly the (rounded) values the op under test sees.
 #include "tests/harness/op_harness.h"
 
 #include <cmath>
@@ -117,9 +118,14 @@ bool kept(const OpCase& c, size_t i) {
 // inputs reach the kernel under test in every dtype and on every device, not only in f64 on the CPU.
 Tensor convert_keep_strides(const Tensor& t, DType dtype, Device device) {
   if (t.dtype() == dtype && t.device() == device) return t;
-  Tensor out = empty_strided(t.sizes(), t.strides(), {dtype, device});
-  out.copy_(t);
-  return out;
+  // Broadcast dims (stride 0) are converted at size 1 and expanded again, since a destination cannot hold
+  // several elements in one place.
+  Tensor compact = t;
+  for (int64_t d = 0; d < t.dim(); ++d)
+    if (t.strides()[d] == 0 && t.sizes()[d] > 1) compact = compact.narrow(d, 0, 1);
+  Tensor out = empty_strided(compact.sizes(), compact.strides(), {dtype, device});
+  out.copy_(compact);
+  return out.expand(t.sizes());
 }
 Inputs convert_inputs(const OpCase& c, DType dtype, Device device) {
   Inputs out;

@@ -1,4 +1,5 @@
 // CUDA device query (see device_info.h): one cudaGetDeviceProperties per device, cached behind a mutex.
+// Invariant: properties are read once per device; later calls return the cached copy, so queries never sync.
 #include "ember/kernels/cuda/device_info.h"
 
 #include <memory>
