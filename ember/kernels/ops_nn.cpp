@@ -129,24 +129,26 @@ Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, const C
 
 // ---- pooling ------------------------------------------------------------------------------------------------------
 
-MaxPoolResult max_pool2d_with_indices(const Tensor& x, const Pool2dParams& p) {
+namespace {
+
+// The one max-pool front end: indices are allocated and filled only when wanted (else left undefined).
+MaxPoolResult max_pool2d_impl(const Tensor& x, const Pool2dParams& p, bool want_indices) {
   int64_t oh = 0, ow = 0;
   pool_output_size("max_pool2d", x, p, oh, ow);
   const Device dev = x.device();
-  MaxPoolResult r{empty({x.size(0), x.size(1), oh, ow}, {x.dtype(), dev}),
-                  empty({x.size(0), x.size(1), oh, ow}, {DType::i64, dev})};
+  const Shape shape{x.size(0), x.size(1), oh, ow};
+  MaxPoolResult r{empty(shape, {x.dtype(), dev}), want_indices ? empty(shape, {DType::i64, dev}) : Tensor()};
   if (r.out.numel() > 0 && !dev.is_meta()) max_pool2d_stub.get(dev.type)(x, p, r.out, r.indices);
   return r;
 }
 
-Tensor max_pool2d(const Tensor& x, const Pool2dParams& p) {
-  int64_t oh = 0, ow = 0;
-  pool_output_size("max_pool2d", x, p, oh, ow);
-  const Device dev = x.device();
-  Tensor out = empty({x.size(0), x.size(1), oh, ow}, {x.dtype(), dev});
-  if (out.numel() > 0 && !dev.is_meta()) max_pool2d_stub.get(dev.type)(x, p, out, Tensor());
-  return out;
+}  // namespace
+
+MaxPoolResult max_pool2d_with_indices(const Tensor& x, const Pool2dParams& p) {
+  return max_pool2d_impl(x, p, /*want_indices=*/true);
 }
+
+Tensor max_pool2d(const Tensor& x, const Pool2dParams& p) { return max_pool2d_impl(x, p, /*want_indices=*/false).out; }
 
 Tensor avg_pool2d(const Tensor& x, const Pool2dParams& p) {
   int64_t oh = 0, ow = 0;

@@ -1,12 +1,10 @@
-// CPU conv2d (im2col + Eigen GEMM per image and group) and max/avg pool2d (direct loops), NCHW, any input strides.
-// Invariant: f16/bf16 are only storage: inputs are widened to float buffers, every sum runs in op_math_t, and each
-// output element is rounded once when stored.
-#include <Eigen/Dense>
-
+// CPU conv2d (im2col + the CPU bmm kernel per image and group) and max/avg pool2d (direct loops), NCHW, any input
+// strides. Invariant: f16/bf16 are only storage: inputs are widened to float, every sum runs in op_math_t, and each
+// output element is rounded once when stored. Every workspace byte comes from the host allocator.
 #include <algorithm>
 #include <cmath>
 #include <limits>
-#include <vector>
+#include <type_traits>
 
 #include "ember/kernels/cpu/loops.h"
 #include "ember/kernels/stubs.h"
@@ -14,12 +12,21 @@
 namespace ember::kernels::cpu {
 namespace {
 
+// Note [Kernel workspace]
+// CPU kernels take scratch memory (im2col columns, packed operands, f32 staging for f16/bf16, accumulators, GEMM
+// panels) as `empty({n}, {dtype, Device::cpu()})` tensors held for the duration of the call, so those bytes appear
+// in the host allocator's statistics and traces, and running out of memory surfaces as OutOfMemoryError like any
+// other allocation. Eigen sees them through Eigen::Map; products are written with `.noalias() =` into a Map, so Eigen
+// never materialises a full-size temporary, and its GEMM panels come from the allocator too (Note [GEMM panels from
+// the allocator] in matmul.cpp). Small fixed-size stack arrays and O(ndim) shape metadata are not workspace.
+// tests/kernels/test_workspace_accounting.cpp holds the kernels to this.
+
 template <class scalar_t>
 void conv2d_typed(const Tensor& x, const Tensor& weight, const Tensor& bias, const Conv2dParams& p,
                   const Tensor& out) {
   using acc_t = op_math_t<scalar_t>;
-  using Mat = Eigen::Matrix<acc_t, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
-  using MapMat = Eigen::Map<Mat>;
+  constexpr bool kWiden = !std::is_same_v<acc_t, scalar_t>;
+  const TensorOptions acc_opts(dtype_of_v<acc_t>, Device::cpu());
   const int64_t n_img = x.size(0), h = x.size(2), w = x.size(3);
   const int64_t o = weight.size(0), cg = weight.size(1), kh = weight.size(2), kw = weight.size(3);
   const int64_t groups = p.groups, og = o / groups;
@@ -28,29 +35,33 @@ void conv2d_typed(const Tensor& x, const Tensor& weight, const Tensor& bias, con
   const int64_t sh = p.stride[0], sw = p.stride[1], ph = p.padding[0], pw = p.padding[1];
   const int64_t dh = p.dilation[0], dw = p.dilation[1];
 
-  // Weight as a dense [O, K] matrix in the compute type, K ordered (c, i, j) like the im2col rows.
-  Mat wmat(o, k);
-  {
+  // Weight as an [O, K] matrix in the compute type, K ordered (c, i, j) like the im2col rows: a view of the weight
+  // when it already has that layout, else packed (and widened) into workspace.
+  const int64_t s0 = weight.stride(0), s1 = weight.stride(1), s2 = weight.stride(2), s3 = weight.stride(3);
+  Tensor wmat;
+  if constexpr (!kWiden) {
+    if (s3 == 1 && s2 == kw && s1 == kh * kw) wmat = weight.view({o, k});
+  }
+  if (!wmat.defined()) {
+    wmat = empty({o, k}, acc_opts);
     const scalar_t* wp = static_cast<const scalar_t*>(weight.raw_data());
-    const int64_t s0 = weight.stride(0), s1 = weight.stride(1), s2 = weight.stride(2), s3 = weight.stride(3);
+    acc_t* wm = static_cast<acc_t*>(wmat.raw_data());
     for (int64_t oc = 0; oc < o; ++oc)
       for (int64_t c = 0; c < cg; ++c)
         for (int64_t i = 0; i < kh; ++i)
           for (int64_t j = 0; j < kw; ++j)
-            wmat(oc, (c * kh + i) * kw + j) = static_cast<acc_t>(wp[oc * s0 + c * s1 + i * s2 + j * s3]);
+            wm[oc * k + (c * kh + i) * kw + j] = static_cast<acc_t>(wp[oc * s0 + c * s1 + i * s2 + j * s3]);
   }
-  std::vector<acc_t> bvec(static_cast<size_t>(o), acc_t(0));
-  if (bias.defined()) {
-    const scalar_t* bp = static_cast<const scalar_t*>(bias.raw_data());
-    for (int64_t oc = 0; oc < o; ++oc) bvec[static_cast<size_t>(oc)] = static_cast<acc_t>(bp[oc * bias.stride(0)]);
-  }
+  const scalar_t* bp = bias.defined() ? static_cast<const scalar_t*>(bias.raw_data()) : nullptr;
+  const int64_t bs = bias.defined() ? bias.stride(0) : 0;
 
   const scalar_t* xp = static_cast<const scalar_t*>(x.raw_data());
   const int64_t xs0 = x.stride(0), xs1 = x.stride(1), xs2 = x.stride(2), xs3 = x.stride(3);
   scalar_t* op = static_cast<scalar_t*>(out.raw_data());
-  Mat col(k, plane);
-  Mat res;  // only for storage types narrower than the compute type
-  if constexpr (!std::is_same_v<acc_t, scalar_t>) res.resize(og, plane);
+  const Tensor col = empty({1, k, plane}, acc_opts);                         // im2col of one (image, group)
+  const Tensor res = kWiden ? empty({1, og, plane}, acc_opts) : Tensor();  // f32 product before rounding
+  acc_t* col_data = static_cast<acc_t*>(col.raw_data());
+  const BmmFn gemm = bmm_stub.get(DeviceType::CPU);
 
   for (int64_t n = 0; n < n_img; ++n) {
     for (int64_t g = 0; g < groups; ++g) {
@@ -59,7 +70,7 @@ void conv2d_typed(const Tensor& x, const Tensor& weight, const Tensor& bias, con
         const scalar_t* xc = xp + n * xs0 + (g * cg + c) * xs1;
         for (int64_t i = 0; i < kh; ++i)
           for (int64_t j = 0; j < kw; ++j) {
-            acc_t* row = col.data() + ((c * kh + i) * kw + j) * plane;
+            acc_t* row = col_data + ((c * kh + i) * kw + j) * plane;
             for (int64_t y = 0; y < oh; ++y) {
               const int64_t iy = y * sh - ph + i * dh;
               acc_t* dst = row + y * ow;
@@ -75,18 +86,22 @@ void conv2d_typed(const Tensor& x, const Tensor& weight, const Tensor& bias, con
             }
           }
       }
+      // [og, plane] = weight rows of group g [og, K] @ col [K, plane], straight into out when no rounding is needed.
+      const Tensor w_g = wmat.narrow(0, g * og, og).unsqueeze(0);
       scalar_t* out_g = op + (n * o + g * og) * plane;
-      if constexpr (std::is_same_v<acc_t, scalar_t>) {
-        MapMat dst(out_g, og, plane);
-        if (k == 0) dst.setZero();
-        else dst.noalias() = wmat.middleRows(g * og, og) * col;
-        for (int64_t r = 0; r < og; ++r) dst.row(r).array() += bvec[static_cast<size_t>(g * og + r)];
+      if constexpr (!kWiden) {
+        gemm(w_g, col, out.select(0, n).narrow(0, g * og, og).view({1, og, plane}));
+        if (bp)
+          for (int64_t r = 0; r < og; ++r) {
+            const acc_t b = static_cast<acc_t>(bp[(g * og + r) * bs]);
+            for (int64_t q = 0; q < plane; ++q) out_g[r * plane + q] += b;
+          }
       } else {
-        if (k == 0) res.setZero();
-        else res.noalias() = wmat.middleRows(g * og, og) * col;
+        gemm(w_g, col, res);
+        const acc_t* rp = static_cast<const acc_t*>(res.raw_data());
         for (int64_t r = 0; r < og; ++r) {
-          const acc_t b = bvec[static_cast<size_t>(g * og + r)];
-          for (int64_t q = 0; q < plane; ++q) out_g[r * plane + q] = scalar_t(res(r, q) + b);
+          const acc_t b = bp ? static_cast<acc_t>(bp[(g * og + r) * bs]) : acc_t(0);
+          for (int64_t q = 0; q < plane; ++q) out_g[r * plane + q] = scalar_t(rp[r * plane + q] + b);
         }
       }
     }
