@@ -1,4 +1,5 @@
-# Third-party dependencies: Eigen (CPU math), GoogleTest (tests), Google Benchmark (bench).
+# Third-party dependencies: Eigen (CPU math), nlohmann-json (trace files), GoogleTest (tests),
+# Google Benchmark (bench).
 # Each can come from the system or, on machines without the Debian packages, from a carried source tree.
 set(EMBER_EIGEN_INCLUDE_DIR "" CACHE PATH "Directory holding Eigen/ (default: find_package(Eigen3))")
 if(EMBER_EIGEN_INCLUDE_DIR)
@@ -6,6 +7,15 @@ if(EMBER_EIGEN_INCLUDE_DIR)
   set_target_properties(Eigen3::Eigen PROPERTIES INTERFACE_INCLUDE_DIRECTORIES "${EMBER_EIGEN_INCLUDE_DIR}")
 else()
   find_package(Eigen3 3.3 REQUIRED NO_MODULE)
+endif()
+
+set(EMBER_JSON_INCLUDE_DIR "" CACHE PATH "Directory holding nlohmann/json.hpp (default: find_package(nlohmann_json))")
+if(EMBER_JSON_INCLUDE_DIR)
+  add_library(nlohmann_json::nlohmann_json INTERFACE IMPORTED)
+  set_target_properties(nlohmann_json::nlohmann_json PROPERTIES
+    INTERFACE_INCLUDE_DIRECTORIES "${EMBER_JSON_INCLUDE_DIR}")
+else()
+  find_package(nlohmann_json 3 REQUIRED)
 endif()
 
 find_package(Threads REQUIRED)

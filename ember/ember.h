@@ -9,5 +9,7 @@
 #include "ember/core/tensor.h"
 #include "ember/kernels/ops.h"
 #include "ember/memory/allocator.h"
+#include "ember/memory/caching_allocator.h"
+#include "ember/memory/cpu_allocator.h"
 #include "ember/memory/cuda_device.h"
 #include "ember/memory/host_allocator.h"

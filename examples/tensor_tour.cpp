@@ -136,7 +136,8 @@ int main(int argc, char** argv) {
   }
 
   section("memory report (every tensor byte came from these allocators)");
-  report_allocator("cpu (host)", memory::host_allocator());
+  report_allocator("cpu", memory::cpu_allocator());
   for (int d = 0; d < gpus; ++d) report_allocator(("cuda:" + std::to_string(d)).c_str(), memory::cuda::allocator(d));
+  std::printf("\n%s", memory::cpu_allocator().memory_summary().c_str());
   return 0;
 }

@@ -4,13 +4,13 @@
 
 #include "ember/base/error.h"
 #include "ember/memory/cuda_device.h"
-#include "ember/memory/host_allocator.h"
+#include "ember/memory/cpu_allocator.h"
 
 namespace ember {
 
 memory::Allocator& allocator_for(Device device) {
   switch (device.type) {
-    case DeviceType::CPU: return memory::host_allocator();
+    case DeviceType::CPU: return memory::cpu_allocator();
     case DeviceType::CUDA: return memory::cuda::allocator(device.index);
     case DeviceType::Meta: break;
   }

@@ -12,7 +12,7 @@
 
 namespace ember {
 
-// The allocator that serves tensors on `device` (host allocator for cpu, the device's allocator for cuda).
+// The allocator that serves tensors on `device` (memory::cpu_allocator() for cpu, the device's allocator for cuda).
 // Throws DeviceError for meta (it has no bytes) and for unavailable devices.
 memory::Allocator& allocator_for(Device device);
 

@@ -10,10 +10,16 @@ namespace ember::memory {
 
 inline constexpr int64_t kAlignment = 64;
 
+// A stream as the memory layer sees it: an opaque id (a cudaStream_t's bits on CUDA). 0 is the default stream.
+using StreamId = uint64_t;
+
 struct AllocatorStats {
-  int64_t allocated_bytes = 0;       // bytes in live allocations (as requested)
+  int64_t allocated_bytes = 0;       // bytes in live allocations (after the allocator's rounding)
   int64_t peak_allocated_bytes = 0;  // high-water mark of allocated_bytes since the last reset
   int64_t reserved_bytes = 0;        // bytes held from the backing (>= allocated_bytes)
+  int64_t peak_reserved_bytes = 0;   // high-water mark of reserved_bytes since the last reset
+  int64_t requested_bytes = 0;       // bytes the callers asked for in live allocations (before rounding)
+  int64_t peak_requested_bytes = 0;  // high-water mark of requested_bytes since the last reset
   int64_t num_allocs = 0;            // allocate() calls that returned memory
   int64_t num_frees = 0;             // deallocate() calls
   int64_t num_ooms = 0;              // requests that ended in OutOfMemoryError
@@ -22,9 +28,13 @@ struct AllocatorStats {
 class Allocator {
  public:
   virtual ~Allocator() = default;
-  // Returns nbytes of memory (nullptr when nbytes == 0). Throws OutOfMemoryError when it cannot.
-  virtual void* allocate(int64_t nbytes) = 0;
+  // Returns nbytes of memory for use on `stream` (nullptr when nbytes == 0). Throws OutOfMemoryError when it cannot.
+  virtual void* allocate(int64_t nbytes, StreamId stream = 0) = 0;
   virtual void deallocate(void* ptr) = 0;
+  // The block at ptr is also used on `stream`: its memory is reused only after that stream's work completes.
+  virtual void record_stream(void* ptr, StreamId stream) {}
+  // Returns cached, unused memory to the backing. A no-op for allocators that cache nothing.
+  virtual void empty_cache() {}
   virtual AllocatorStats stats() const = 0;
   virtual void reset_peak_stats() = 0;
   virtual std::string name() const = 0;
@@ -32,6 +42,8 @@ class Allocator {
 
 // Human-readable byte count: "1.50 MiB".
 std::string format_bytes(int64_t bytes);
+// Parses "6GiB", "512MiB", "1.5 GB", "4096" (bytes); ConfigError naming `what` otherwise.
+int64_t parse_bytes(const std::string& text, const char* what);
 
 // Debug aid (process-wide, off by default): every allocation is filled with 0xFF bytes before it is returned —
 // NaN in every floating format, -1 in signed integers — so a kernel that leaves output elements unwritten shows up

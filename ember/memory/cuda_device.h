@@ -1,4 +1,4 @@
-// CUDA devices as the memory layer sees them: how many there are, a plain cudaMalloc allocator per device, and
+// CUDA devices as the memory layer sees them: how many there are, a caching allocator per device, and
 // byte copies between host and device. Safe to include and call in a CPU-only build (EMBER_WITH_CUDA undefined):
 // device_count() is then 0 and the rest throws DeviceError.
 #pragma once
@@ -14,7 +14,7 @@ namespace ember::memory::cuda {
 int device_count();
 bool is_available();
 
-// Plain cudaMalloc/cudaFree allocator for one device (the caching allocator replaces it).
+// The caching allocator of one device (over cudaMalloc / the VMM API), configured from EMBER_ALLOC_CONF at first use.
 Allocator& allocator(int device);
 
 enum class CopyKind { HostToDevice, DeviceToHost, DeviceToDevice };

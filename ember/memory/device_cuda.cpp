@@ -1,16 +1,17 @@
-// CUDA device query, plain device allocator and host<->device copies (see cuda_device.h).
+// CUDA device query, the per-device caching allocator (over CudaBacking) and host<->device copies (cuda_device.h).
 // Compiled in every build; without EMBER_WITH_CUDA it reports no devices and refuses device work.
 #include "ember/memory/cuda_device.h"
 
 #include <memory>
 #include <mutex>
-#include <unordered_map>
 #include <vector>
 
 #include "ember/base/error.h"
 
 #if defined(EMBER_WITH_CUDA)
 #include "ember/base/cuda_check.h"
+#include "ember/memory/caching_allocator.h"
+#include "ember/memory/cuda_backing.h"
 #endif
 
 namespace ember::memory::cuda {
@@ -47,73 +48,6 @@ class ScopedDevice {
   int previous_ = 0;
 };
 
-class CudaMallocAllocator final : public Allocator {
- public:
-  explicit CudaMallocAllocator(int device) : device_(device) {}
-
-  void* allocate(int64_t nbytes) override {
-    EMBER_CHECK(nbytes >= 0, ValueError, "cuda allocator: negative size ", nbytes);
-    if (nbytes == 0) return nullptr;
-    ScopedDevice scoped(device_);
-    void* p = nullptr;
-    cudaError_t st = cudaMalloc(&p, static_cast<size_t>(nbytes));
-    std::lock_guard<std::mutex> lock(mutex_);
-    if (st == cudaErrorMemoryAllocation) {
-      (void)cudaGetLastError();
-      ++stats_.num_ooms;
-      size_t free_b = 0, total_b = 0;
-      (void)cudaMemGetInfo(&free_b, &total_b);
-      throw OutOfMemoryError(
-          detail::concat("CUDA out of memory on cuda:", device_, ": tried to allocate ", format_bytes(nbytes), "; ",
-                         format_bytes(static_cast<int64_t>(free_b)), " free of ",
-                         format_bytes(static_cast<int64_t>(total_b)), ", ", format_bytes(stats_.allocated_bytes),
-                         " allocated by ember"),
-          nbytes, static_cast<int64_t>(total_b), stats_.allocated_bytes, stats_.reserved_bytes);
-    }
-    EMBER_CUDA_CHECK(st);
-    try {
-      live_.emplace(p, nbytes);
-    } catch (...) {
-      (void)cudaFree(p);
-      throw;
-    }
-    if (poison_allocations()) EMBER_CUDA_CHECK(cudaMemset(p, kPoisonByte, static_cast<size_t>(nbytes)));
-    stats_.allocated_bytes += nbytes;
-    stats_.reserved_bytes += nbytes;
-    if (stats_.allocated_bytes > stats_.peak_allocated_bytes) stats_.peak_allocated_bytes = stats_.allocated_bytes;
-    ++stats_.num_allocs;
-    return p;
-  }
-
-  void deallocate(void* ptr) override {
-    if (ptr == nullptr) return;
-    std::lock_guard<std::mutex> lock(mutex_);
-    auto it = live_.find(ptr);
-    EMBER_CHECK(it != live_.end(), ValueError, "cuda allocator: pointer ", ptr, " was not allocated here");
-    stats_.allocated_bytes -= it->second;
-    stats_.reserved_bytes -= it->second;
-    ++stats_.num_frees;
-    live_.erase(it);
-    EMBER_CUDA_CHECK(cudaFree(ptr));
-  }
-
-  AllocatorStats stats() const override {
-    std::lock_guard<std::mutex> lock(mutex_);
-    return stats_;
-  }
-  void reset_peak_stats() override {
-    std::lock_guard<std::mutex> lock(mutex_);
-    stats_.peak_allocated_bytes = stats_.allocated_bytes;
-  }
-  std::string name() const override { return detail::concat("cuda:", device_, " (cudaMalloc)"); }
-
- private:
-  int device_;
-  mutable std::mutex mutex_;
-  std::unordered_map<void*, int64_t> live_;
-  AllocatorStats stats_;
-};
-
 void check_device(int device) {
   EMBER_CHECK(device >= 0 && device < device_count(), DeviceError, "cuda:", device, " is not available (",
               device_count(), " CUDA device(s) visible)");
@@ -124,10 +58,12 @@ void check_device(int device) {
 Allocator& allocator(int device) {
   check_device(device);
   static std::mutex mutex;
-  static auto* allocators = new std::vector<std::unique_ptr<CudaMallocAllocator>>();  // never destroyed
+  static auto* allocators = new std::vector<std::unique_ptr<CachingAllocator>>();  // never destroyed
   std::lock_guard<std::mutex> lock(mutex);
   if (allocators->empty()) {
-    for (int d = 0; d < device_count(); ++d) allocators->push_back(std::make_unique<CudaMallocAllocator>(d));
+    const AllocatorConfig config = alloc_config_from_env();
+    for (int d = 0; d < device_count(); ++d)
+      allocators->push_back(std::make_unique<CachingAllocator>(make_cuda_backing(d), config, "cuda:" + std::to_string(d)));
   }
   return *(*allocators)[device];
 }

@@ -19,21 +19,7 @@ std::atomic<bool> g_poison{false};
 void set_poison_allocations(bool on) { g_poison.store(on, std::memory_order_relaxed); }
 bool poison_allocations() { return g_poison.load(std::memory_order_relaxed); }
 
-std::string format_bytes(int64_t bytes) {
-  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  double v = static_cast<double>(bytes);
-  int u = 0;
-  while ((v >= 1024.0 || v <= -1024.0) && u < 4) {
-    v /= 1024.0;
-    ++u;
-  }
-  char buf[32];
-  if (u == 0) std::snprintf(buf, sizeof buf, "%lld B", static_cast<long long>(bytes));
-  else std::snprintf(buf, sizeof buf, "%.2f %s", v, units[u]);
-  return buf;
-}
-
-void* HostAllocator::allocate(int64_t nbytes) {
+void* HostAllocator::allocate(int64_t nbytes, StreamId) {
   EMBER_CHECK(nbytes >= 0, ValueError, "HostAllocator::allocate: negative size ", nbytes);
   if (nbytes == 0) return nullptr;
   const int64_t rounded = (nbytes + kAlignment - 1) / kAlignment * kAlignment;
@@ -55,6 +41,7 @@ void* HostAllocator::allocate(int64_t nbytes) {
   stats_.allocated_bytes += nbytes;
   stats_.reserved_bytes += rounded;
   if (stats_.allocated_bytes > stats_.peak_allocated_bytes) stats_.peak_allocated_bytes = stats_.allocated_bytes;
+    if (stats_.reserved_bytes > stats_.peak_reserved_bytes) stats_.peak_reserved_bytes = stats_.reserved_bytes;
   ++stats_.num_allocs;
   return p;
 }
@@ -77,12 +64,16 @@ void HostAllocator::deallocate(void* ptr) {
 
 AllocatorStats HostAllocator::stats() const {
   std::lock_guard<std::mutex> lock(mutex_);
-  return stats_;
+  AllocatorStats s = stats_;
+  s.requested_bytes = s.allocated_bytes;  // no rounding: requested and allocated agree
+  s.peak_requested_bytes = s.peak_allocated_bytes;
+  return s;
 }
 
 void HostAllocator::reset_peak_stats() {
   std::lock_guard<std::mutex> lock(mutex_);
   stats_.peak_allocated_bytes = stats_.allocated_bytes;
+  stats_.peak_reserved_bytes = stats_.reserved_bytes;
 }
 
 Allocator& host_allocator() {

@@ -12,7 +12,7 @@ namespace ember::memory {
 
 class HostAllocator final : public Allocator {
  public:
-  void* allocate(int64_t nbytes) override;
+  void* allocate(int64_t nbytes, StreamId stream = 0) override;
   void deallocate(void* ptr) override;
   AllocatorStats stats() const override;
   void reset_peak_stats() override;

@@ -10,17 +10,18 @@
 namespace ember::testing {
 namespace {
 
-// Host-allocator bytes seen by one op call: construct right before the call, read right after it.
+// CPU-allocator bytes seen by one op call: construct right before the call, read right after it. Counts requested
+// bytes (before the allocator's 512 B rounding), so the expectations are the algorithm's own sizes.
 class AllocationProbe {
  public:
   AllocationProbe() {
-    memory::host_allocator().reset_peak_stats();
-    before_ = memory::host_allocator().stats().allocated_bytes;
+    allocator_for(Device::cpu()).reset_peak_stats();
+    before_ = allocator_for(Device::cpu()).stats().requested_bytes;
   }
-  // How far the high-water mark rose above the allocated bytes at construction.
-  int64_t peak_rise() const { return memory::host_allocator().stats().peak_allocated_bytes - before_; }
-  // Allocated bytes now minus allocated bytes at construction.
-  int64_t allocated_delta() const { return memory::host_allocator().stats().allocated_bytes - before_; }
+  // How far the high-water mark rose above the requested bytes at construction.
+  int64_t peak_rise() const { return allocator_for(Device::cpu()).stats().peak_requested_bytes - before_; }
+  // Requested bytes now minus requested bytes at construction.
+  int64_t allocated_delta() const { return allocator_for(Device::cpu()).stats().requested_bytes - before_; }
 
  private:
   int64_t before_ = 0;

@@ -1,0 +1,852 @@
+// The caching allocator's policy and bookkeeping (see caching_allocator.h for the invariants it keeps).
+// Note [Block lifecycle]: a block is free (in its pool), allocated (in active_), or pending (freed by the user but
+// still used by other streams: allocated stays true until its events complete, then it is freed for real).
+// Only free blocks are merged with their neighbours, so a pending block is never coalesced or reused.
+#include "ember/memory/caching_allocator.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <sstream>
+
+#include "ember/base/error.h"
+
+namespace ember::memory {
+
+void StatCounter::increase(int64_t n) {
+  current += n;
+  allocated += n;
+  peak = std::max(peak, current);
+}
+
+void StatCounter::decrease(int64_t n) {
+  current -= n;
+  freed += n;
+}
+
+namespace {
+
+struct Segment;
+struct BlockPool;
+
+struct Block {
+  char* ptr = nullptr;
+  int64_t size = 0;
+  int64_t requested = 0;
+  StreamId stream = 0;
+  BlockPool* pool = nullptr;
+  Segment* segment = nullptr;
+  Block* prev = nullptr;
+  Block* next = nullptr;
+  bool allocated = false;
+  int event_count = 0;                // outstanding events of other streams (pending free)
+  std::vector<StreamId> stream_uses;  // other streams the block was used on (record_stream)
+  uint64_t last_use = 0;              // logical time of the last free, for LRU garbage collection
+  uint64_t id = 0;
+  TagId tag = kUntagged;
+};
+
+struct BlockOrder {  // best fit keyed on (stream, size, address)
+  bool operator()(const Block* a, const Block* b) const {
+    if (a->stream != b->stream) return a->stream < b->stream;
+    if (a->size != b->size) return a->size < b->size;
+    return a->ptr < b->ptr;
+  }
+};
+
+struct BlockPool {
+  std::set<Block*, BlockOrder> blocks;
+  bool is_small = false;
+};
+
+struct Segment {
+  char* base = nullptr;
+  int64_t size = 0;     // bytes held from the backing (mapped bytes for expandable segments)
+  int64_t reserved_range = 0;  // expandable: virtual range size
+  bool expandable = false;
+  bool is_small = false;
+  StreamId stream = 0;
+  Block* head = nullptr;
+};
+
+int pool_index(bool is_small) { return is_small ? kSmallPool : kLargePool; }
+
+int64_t round_up(int64_t n, int64_t m) { return (n + m - 1) / m * m; }
+
+int64_t power2_floor(int64_t n) {
+  int64_t p = 1;
+  while (p * 2 <= n) p *= 2;
+  return p;
+}
+
+// Rounds size up to the next of `divisions` equal steps between its two enclosing powers of two.
+int64_t roundup_power2_next_division(int64_t size, int64_t divisions) {
+  if ((size & (size - 1)) == 0) return size;
+  const int64_t floor2 = power2_floor(size);
+  const int64_t step = floor2 / power2_floor(divisions);
+  if (step == 0) return floor2 * 2;
+  const int64_t rounded = size & ~(step - 1);
+  return rounded == size ? size : rounded + step;
+}
+
+}  // namespace
+
+struct CachingAllocator::Impl {
+  Backing& backing;
+  AllocatorConfig config;
+  mutable std::mutex mutex;
+  BlockPool small_pool, large_pool;
+  std::vector<Segment*> segments;                 // address order is not required; segment lookup is via blocks
+  std::unordered_map<void*, Block*> active;       // user pointer -> allocated block
+  std::vector<std::pair<EventId, Block*>> events; // outstanding cross-stream events, in record order
+  DeviceStats stats;
+  int64_t peak_active_bytes_since_reset = 0, peak_reserved_bytes_since_reset = 0;
+  uint64_t clock = 0;    // logical time for LRU
+  uint64_t next_id = 1;  // allocation ids
+  TraceRing trace;
+  std::chrono::steady_clock::time_point start = std::chrono::steady_clock::now();
+  std::vector<Block*> free_block_objects;  // recycled Block objects (avoids new/delete on the hot path)
+
+  explicit Impl(Backing& b, AllocatorConfig c) : backing(b), config(std::move(c)) { small_pool.is_small = true; }
+
+  ~Impl() {
+    for (Segment* s : segments) {
+      for (Block* b = s->head; b != nullptr;) {
+        Block* n = b->next;
+        delete b;
+        b = n;
+      }
+      delete s;
+    }
+    for (Block* b : free_block_objects) delete b;
+  }
+
+  // ---- small helpers ----------------------------------------------------------------------------------------------
+  Block* new_block() {
+    if (free_block_objects.empty()) return new Block();
+    Block* b = free_block_objects.back();
+    free_block_objects.pop_back();
+    *b = Block();
+    return b;
+  }
+  void delete_block(Block* b) { free_block_objects.push_back(b); }
+
+  int64_t allowed() const {
+    int64_t cap = backing.capacity();
+    if (cap != kNoLimit && config.memory_fraction < 1.0)
+      cap = static_cast<int64_t>(static_cast<double>(cap) * config.memory_fraction);
+    return std::min(cap, config.capacity);
+  }
+
+  bool use_expandable() const { return config.expandable_segments && backing.supports_expandable(); }
+
+  int64_t round_size(int64_t size) const {
+    if (size < kMinBlockSize) return kMinBlockSize;
+    const int64_t div = config.divisions_for(size);
+    if (div > 1 && size > kMinBlockSize * div) return roundup_power2_next_division(size, div);
+    return round_up(size, kMinBlockSize);
+  }
+
+  static int64_t allocation_size(int64_t size) {
+    if (size <= kSmallSize) return kSmallBuffer;
+    if (size < kMinLargeAlloc) return kLargeBuffer;
+    return round_up(size, kRoundLarge);
+  }
+
+  BlockPool& pool_for(int64_t size) { return size <= kSmallSize ? small_pool : large_pool; }
+
+  int64_t now_ns() const {
+    return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start).count();
+  }
+
+  void record(TraceAction action, uint64_t id, int64_t size, int64_t block_size, const void* addr, StreamId stream,
+              TagId tag, std::string note = {}) {
+    if (!trace.enabled()) return;
+    TraceEvent e;
+    e.action = action;
+    e.id = id;
+    e.size = size;
+    e.block_size = block_size;
+    e.addr = reinterpret_cast<uint64_t>(addr);
+    e.stream = stream;
+    e.tag = tag;
+    e.time_ns = now_ns();
+    e.allocated = stats.allocated_bytes[kAggregatePool].current;
+    e.reserved = stats.reserved_bytes[kAggregatePool].current;
+    e.note = std::move(note);
+    trace.push(std::move(e));
+  }
+
+  // Stats updates for every pool index that applies (aggregate + the block's pool).
+  template <class F>
+  void for_pools(bool is_small, F&& f) {
+    f(kAggregatePool);
+    f(pool_index(is_small));
+  }
+
+  static bool is_inactive_split(const Block* b) { return !b->allocated && (b->prev != nullptr || b->next != nullptr); }
+
+  void add_inactive(const Block* b, int sign) {
+    if (b == nullptr || !is_inactive_split(b)) return;
+    for_pools(b->segment->is_small, [&](int p) {
+      if (sign > 0) {
+        stats.inactive_split[p].increase(1);
+        stats.inactive_split_bytes[p].increase(b->size);
+      } else {
+        stats.inactive_split[p].decrease(1);
+        stats.inactive_split_bytes[p].decrease(b->size);
+      }
+    });
+  }
+
+  void note_active_peak() {
+    peak_active_bytes_since_reset =
+        std::max(peak_active_bytes_since_reset, stats.active_bytes[kAggregatePool].current);
+    peak_reserved_bytes_since_reset =
+        std::max(peak_reserved_bytes_since_reset, stats.reserved_bytes[kAggregatePool].current);
+  }
+
+  // ---- segments -----------------------------------------------------------------------------------------------
+  Segment* add_segment(char* base, int64_t size, bool is_small, StreamId stream, bool expandable, int64_t range) {
+    auto* seg = new Segment();
+    seg->base = base;
+    seg->size = size;
+    seg->reserved_range = range;
+    seg->expandable = expandable;
+    seg->is_small = is_small;
+    seg->stream = stream;
+    Block* b = new_block();
+    b->ptr = base;
+    b->size = size;
+    b->stream = stream;
+    b->pool = is_small ? &small_pool : &large_pool;
+    b->segment = seg;
+    seg->head = b;
+    segments.push_back(seg);
+    for_pools(is_small, [&](int p) {
+      stats.segment[p].increase(1);
+      stats.reserved_bytes[p].increase(size);
+    });
+    if (size >= config.max_split_size) stats.oversize_segments.increase(1);
+    ++stats.num_device_alloc;
+    note_active_peak();
+    record(expandable ? TraceAction::SegmentMap : TraceAction::SegmentAlloc, 0, size, size, base, stream, kUntagged);
+    return seg;
+  }
+
+  // Obtains a new segment able to hold `size` bytes; returns its single free block (not in a pool), or nullptr.
+  Block* alloc_segment(int64_t size, bool is_small, StreamId stream) {
+    const int64_t seg_size = allocation_size(size);
+    if (stats.reserved_bytes[kAggregatePool].current + seg_size > allowed()) return nullptr;
+    void* p = backing.malloc(seg_size);
+    if (p == nullptr) return nullptr;
+    return add_segment(static_cast<char*>(p), seg_size, is_small, stream, false, seg_size)->head;
+  }
+
+  // Expandable: grows the (stream, pool) segment so that its trailing free block holds `size`; returns that block
+  // (removed from its pool), or nullptr when the backing has no room.
+  Block* expand_segment(int64_t size, bool is_small, StreamId stream) {
+    Segment* seg = nullptr;
+    for (Segment* s : segments)
+      if (s->expandable && s->is_small == is_small && s->stream == stream) seg = s;
+    const int64_t page = backing.page_size();
+    if (seg == nullptr) {
+      const int64_t cap = allowed() == kNoLimit ? backing.capacity() : allowed();
+      const int64_t range = round_up(cap == kNoLimit ? (int64_t{1} << 40) : cap, page);
+      void* base = backing.reserve_range(range);
+      if (base == nullptr) return nullptr;
+      const int64_t first = round_up(size, page);
+      if (stats.reserved_bytes[kAggregatePool].current + first > allowed() || !backing.map(base, first)) {
+        backing.release_range(base, range);
+        return nullptr;
+      }
+      return add_segment(static_cast<char*>(base), first, is_small, stream, true, range)->head;
+    }
+    Block* last = seg->head;
+    while (last->next != nullptr) last = last->next;
+    const int64_t have = last->allocated ? 0 : last->size;
+    const int64_t grow = round_up(size - have, page);
+    if (seg->size + grow > seg->reserved_range) return nullptr;
+    if (stats.reserved_bytes[kAggregatePool].current + grow > allowed()) return nullptr;
+    if (!backing.map(seg->base + seg->size, grow)) return nullptr;
+    for_pools(is_small, [&](int p) { stats.reserved_bytes[p].increase(grow); });
+    ++stats.num_device_alloc;
+    note_active_peak();
+    record(TraceAction::SegmentMap, 0, grow, grow, seg->base + seg->size, stream, kUntagged);
+    seg->size += grow;
+    if (!last->allocated) {
+      last->pool->blocks.erase(last);
+      add_inactive(last, -1);
+      last->size += grow;
+      add_inactive(last, +1);
+      return last;
+    }
+    Block* b = new_block();
+    b->ptr = seg->base + (seg->size - grow);
+    b->size = grow;
+    b->stream = stream;
+    b->pool = last->pool;
+    b->segment = seg;
+    b->prev = last;
+    last->next = b;
+    add_inactive(b, +1);
+    return b;
+  }
+
+  void release_segment(Segment* seg) {
+    Block* b = seg->head;
+    // Only whole-free segments are released: one block (or, for expandable ones, the trailing pages — see
+    // shrink_expandable).
+    b->pool->blocks.erase(b);
+    const bool is_small = seg->is_small;
+    for_pools(is_small, [&](int p) {
+      stats.segment[p].decrease(1);
+      stats.reserved_bytes[p].decrease(seg->size);
+    });
+    if (seg->size >= config.max_split_size) stats.oversize_segments.decrease(1);
+    ++stats.num_device_free;
+    record(seg->expandable ? TraceAction::SegmentUnmap : TraceAction::SegmentFree, 0, seg->size, seg->size, seg->base,
+           seg->stream, kUntagged);
+    if (seg->expandable) {
+      backing.unmap(seg->base, seg->size);
+      backing.release_range(seg->base, seg->reserved_range);
+    } else {
+      backing.free(seg->base, seg->size);
+    }
+    delete_block(b);
+    segments.erase(std::find(segments.begin(), segments.end(), seg));
+    delete seg;
+  }
+
+  // Expandable: unmaps the whole pages of a trailing free block; releases the segment when nothing is left.
+  void shrink_expandable(Segment* seg) {
+    Block* last = seg->head;
+    while (last->next != nullptr) last = last->next;
+    if (last->allocated) return;
+    if (last == seg->head) {
+      release_segment(seg);
+      return;
+    }
+    const int64_t page = backing.page_size();
+    const int64_t keep_end = round_up(last->ptr - seg->base, page);  // first page boundary at/after the block start
+    const int64_t cut = seg->size - keep_end;
+    if (cut <= 0) return;
+    last->pool->blocks.erase(last);
+    add_inactive(last, -1);
+    backing.unmap(seg->base + keep_end, cut);
+    for_pools(seg->is_small, [&](int p) { stats.reserved_bytes[p].decrease(cut); });
+    ++stats.num_device_free;
+    record(TraceAction::SegmentUnmap, 0, cut, cut, seg->base + keep_end, seg->stream, kUntagged);
+    seg->size = keep_end;
+    last->size -= cut;
+    if (last->size == 0) {  // the free block began on a page boundary: it is gone (its allocated prev stays)
+      last->prev->next = nullptr;
+      delete_block(last);
+      return;
+    }
+    add_inactive(last, +1);
+    last->pool->blocks.insert(last);
+  }
+
+  // ---- the pool ------------------------------------------------------------------------------------------------
+  Block* get_free_block(BlockPool& pool, int64_t size, StreamId stream) {
+    Block key;
+    key.stream = stream;
+    key.size = size;
+    key.ptr = nullptr;
+    auto it = pool.blocks.lower_bound(&key);
+    if (it == pool.blocks.end() || (*it)->stream != stream) return nullptr;
+    Block* b = *it;
+    // Oversize blocks (>= max_split_size) serve only large requests within kLargeBuffer of their size.
+    if (b->size >= config.max_split_size && (size < config.max_split_size || b->size >= size + kLargeBuffer))
+      return nullptr;
+    pool.blocks.erase(it);
+    return b;
+  }
+
+  bool should_split(const Block* b, int64_t size) const {
+    const int64_t remaining = b->size - size;
+    if (b->pool->is_small || b->segment->expandable) return remaining >= kMinBlockSize;
+    return size < config.max_split_size && remaining > kSmallSize;
+  }
+
+  // Frees cached whole-segment blocks, oldest first, until reserved <= target (garbage collection) or all are gone.
+  void release_cached(int64_t target, bool oversize_only) {
+    std::vector<Block*> candidates;
+    for (BlockPool* pool : {&large_pool, &small_pool})
+      for (Block* b : pool->blocks)
+        if (b->prev == nullptr && b->next == nullptr && (!oversize_only || b->size >= config.max_split_size))
+          candidates.push_back(b);
+    std::sort(candidates.begin(), candidates.end(), [](const Block* a, const Block* b) {
+      return a->last_use < b->last_use;
+    });
+    for (Block* b : candidates) {
+      if (stats.reserved_bytes[kAggregatePool].current <= target) break;
+      release_segment(b->segment);
+    }
+    for (Segment* s : std::vector<Segment*>(segments))
+      if (s->expandable && stats.reserved_bytes[kAggregatePool].current > target) shrink_expandable(s);
+  }
+
+  void garbage_collect() {
+    const double t = config.garbage_collection_threshold;
+    if (t <= 0.0 || allowed() == kNoLimit) return;
+    const int64_t target = static_cast<int64_t>(t * static_cast<double>(allowed()));
+    if (stats.reserved_bytes[kAggregatePool].current > target) release_cached(target, false);
+  }
+
+  void process_events(bool wait) {
+    if (events.empty()) return;
+    if (wait) {
+      backing.synchronize();
+      ++stats.num_sync_all_streams;
+    }
+    std::vector<std::pair<EventId, Block*>> still;
+    for (auto& [ev, b] : events) {
+      if (backing.event_completed(ev)) {
+        backing.release_event(ev);
+        if (--b->event_count == 0) free_block(b);
+      } else {
+        still.emplace_back(ev, b);
+      }
+    }
+    events.swap(still);
+  }
+
+  // Returns a block to its pool, merging with free neighbours (Note [Block lifecycle]).
+  void free_block(Block* b) {
+    const bool is_small = b->segment->is_small;
+    for_pools(is_small, [&](int p) {
+      stats.active[p].decrease(1);
+      stats.active_bytes[p].decrease(b->size);
+    });
+    add_inactive(b->prev, -1);
+    add_inactive(b->next, -1);
+    b->allocated = false;
+    b->requested = 0;
+    b->stream_uses.clear();
+    b->last_use = ++clock;
+    b->tag = kUntagged;
+    for (Block* n : {b->prev, b->next}) {
+      if (n == nullptr || n->allocated) continue;
+      n->pool->blocks.erase(n);
+      if (n == b->prev) {
+        b->ptr = n->ptr;
+        b->prev = n->prev;
+        if (b->prev) b->prev->next = b;
+        else b->segment->head = b;
+      } else {
+        b->next = n->next;
+        if (b->next) b->next->prev = b;
+      }
+      b->size += n->size;
+      delete_block(n);
+    }
+    add_inactive(b->prev, +1);
+    add_inactive(b->next, +1);
+    add_inactive(b, +1);
+    b->pool->blocks.insert(b);
+  }
+
+  [[noreturn]] void throw_oom(int64_t requested, int64_t rounded, StreamId stream);
+
+  void* allocate(int64_t nbytes, StreamId stream) {
+    EMBER_CHECK(nbytes >= 0, ValueError, "allocate: negative size ", nbytes);
+    if (nbytes == 0) return nullptr;
+    const int64_t size = round_size(nbytes);
+    BlockPool& pool = pool_for(size);
+    process_events(false);
+    Block* b = get_free_block(pool, size, stream);
+    if (b == nullptr) {
+      garbage_collect();
+      auto obtain = [&]() -> Block* {
+        return use_expandable() ? expand_segment(size, pool.is_small, stream) : alloc_segment(size, pool.is_small, stream);
+      };
+      b = obtain();
+      if (b == nullptr) {  // free oversize cached blocks, then retry
+        release_cached(0, true);
+        b = get_free_block(pool, size, stream);
+        if (b == nullptr) b = obtain();
+      }
+      if (b == nullptr) {  // synchronise, free every cached unsplit block, retry
+        ++stats.num_alloc_retries;
+        process_events(true);
+        b = get_free_block(pool, size, stream);
+        if (b == nullptr) {
+          release_cached(0, false);
+          b = obtain();
+        }
+      }
+      if (b == nullptr) throw_oom(nbytes, size, stream);
+    }
+    add_inactive(b, -1);
+    if (should_split(b, size)) {
+      Block* rest = new_block();
+      rest->ptr = b->ptr + size;
+      rest->size = b->size - size;
+      rest->stream = stream;
+      rest->pool = b->pool;
+      rest->segment = b->segment;
+      rest->prev = b;
+      rest->next = b->next;
+      if (rest->next) rest->next->prev = rest;
+      b->next = rest;
+      b->size = size;
+      rest->last_use = b->last_use;
+      rest->pool->blocks.insert(rest);
+      add_inactive(rest, +1);
+    }
+    b->allocated = true;
+    b->requested = nbytes;
+    b->id = next_id++;
+    b->tag = current_tag();
+    active.emplace(b->ptr, b);
+    const bool is_small = b->segment->is_small;
+    for_pools(is_small, [&](int p) {
+      stats.allocation[p].increase(1);
+      stats.allocated_bytes[p].increase(b->size);
+      stats.active[p].increase(1);
+      stats.active_bytes[p].increase(b->size);
+      stats.requested_bytes[p].increase(nbytes);
+    });
+    if (b->size >= config.max_split_size) stats.oversize_allocations.increase(1);
+    note_active_peak();
+    record(TraceAction::Alloc, b->id, nbytes, b->size, b->ptr, stream, b->tag);
+    if (poison_allocations() && backing.materialized()) std::memset(b->ptr, kPoisonByte, static_cast<size_t>(nbytes));
+    return b->ptr;
+  }
+
+  void deallocate(void* ptr) {
+    if (ptr == nullptr) return;
+    auto it = active.find(ptr);
+    EMBER_CHECK(it != active.end(), ValueError, "deallocate: pointer ", ptr, " was not allocated by this allocator");
+    Block* b = it->second;
+    active.erase(it);
+    const bool is_small = b->segment->is_small;
+    for_pools(is_small, [&](int p) {
+      stats.allocation[p].decrease(1);
+      stats.allocated_bytes[p].decrease(b->size);
+      stats.requested_bytes[p].decrease(b->requested);
+    });
+    if (b->size >= config.max_split_size) stats.oversize_allocations.decrease(1);
+    record(TraceAction::Free, b->id, b->requested, b->size, b->ptr, b->stream, b->tag);
+    if (!b->stream_uses.empty()) {  // reuse only after the other streams' work completes
+      for (StreamId s : b->stream_uses) {
+        events.emplace_back(backing.record_event(s), b);
+        ++b->event_count;
+      }
+      b->stream_uses.clear();
+      return;
+    }
+    free_block(b);
+  }
+};
+
+// ---- OOM ---------------------------------------------------------------------------------------------------------
+
+namespace {
+// Would the live allocations plus this request fit under `config`? Replays them, in allocation order, through a
+// fresh allocator over an address-only device of the same allowed size.
+bool replay_fits(const std::vector<std::pair<uint64_t, std::pair<int64_t, StreamId>>>& live, int64_t request,
+                 StreamId stream, const AllocatorConfig& config, int64_t capacity) {
+  CachingAllocator probe(make_simulated_backing(capacity, false), config, "replay");
+  try {
+    for (const auto& [id, sz] : live) probe.allocate(sz.first, sz.second);
+    probe.allocate(request, stream);
+    return true;
+  } catch (const OutOfMemoryError&) {
+    return false;
+  }
+}
+}  // namespace
+
+void CachingAllocator::Impl::throw_oom(int64_t requested, int64_t rounded, StreamId stream) {
+  ++stats.num_ooms;
+  record(TraceAction::Oom, 0, requested, rounded, nullptr, stream, current_tag());
+  const int64_t allocated = stats.allocated_bytes[kAggregatePool].current;
+  const int64_t reserved = stats.reserved_bytes[kAggregatePool].current;
+  const int64_t cached = reserved - allocated;
+  int64_t largest = 0;
+  int64_t free_blocks = 0;
+  for (BlockPool* pool : {&small_pool, &large_pool})
+    for (Block* b : pool->blocks) {
+      largest = std::max(largest, b->size);
+      ++free_blocks;
+    }
+  const int64_t cap = backing.capacity();
+  const int64_t allow = allowed();
+  std::ostringstream os;
+  os << backing.name() << ": out of memory: tried to allocate " << format_bytes(requested);
+  if (rounded != requested) os << " (" << format_bytes(rounded) << " after rounding)";
+  os << ". Capacity " << (cap == kNoLimit ? std::string("unbounded") : format_bytes(cap));
+  if (allow != cap) os << ", allowed " << format_bytes(allow);
+  os << "; " << format_bytes(allocated) << " allocated by live tensors, " << format_bytes(reserved)
+     << " reserved by the allocator, of which " << format_bytes(cached) << " is reserved but unallocated in "
+     << free_blocks << " free block(s), the largest " << format_bytes(largest) << ".";
+  // Advice only where a replay shows it would have helped (Note: the replay uses the live set, in allocation order).
+  std::vector<std::pair<uint64_t, std::pair<int64_t, StreamId>>> live;
+  live.reserve(active.size());
+  for (const auto& [p, b] : active) live.push_back({b->id, {b->requested, b->stream}});
+  std::sort(live.begin(), live.end());
+  const int64_t replay_cap = allow == kNoLimit ? cap : allow;
+  std::vector<std::string> helps;
+  if (cached >= requested && replay_cap != kNoLimit) {
+    if (config.max_split_size == kNoLimit) {
+      AllocatorConfig c = config;
+      c.max_split_size = 128 * kMiB;
+      if (replay_fits(live, requested, stream, c, replay_cap)) helps.push_back("max_split_size_mb:128");
+    }
+    if (!config.expandable_segments) {
+      AllocatorConfig c = config;
+      c.expandable_segments = true;
+      if (replay_fits(live, requested, stream, c, replay_cap)) helps.push_back("expandable_segments:True");
+    }
+  }
+  if (!helps.empty()) {
+    os << " The cache is fragmented: a replay of the " << live.size()
+       << " live allocations plus this request fits with EMBER_ALLOC_CONF=" << helps[0];
+    if (helps.size() > 1) os << " (or " << helps[1] << ")";
+    os << ".";
+  } else {
+    os << " Live tensors need " << format_bytes(allocated + rounded)
+       << " with this request; free memory first or need less of it: a smaller batch (or gradient accumulation), "
+          "activation checkpointing, or mixed precision.";
+  }
+  throw OutOfMemoryError(os.str(), requested, cap == kNoLimit ? -1 : cap, allocated, reserved);
+}
+
+// ---- public API ------------------------------------------------------------------------------------------------
+
+CachingAllocator::CachingAllocator(std::unique_ptr<Backing> backing, AllocatorConfig config, std::string name)
+    : backing_(std::move(backing)), name_(std::move(name)) {
+  EMBER_CHECK(backing_ != nullptr, ValueError, "CachingAllocator: no backing");
+  impl_ = std::make_unique<Impl>(*backing_, std::move(config));
+}
+
+CachingAllocator::~CachingAllocator() {
+  // Segments still holding live blocks are returned too: the process is tearing the allocator down.
+  std::lock_guard<std::mutex> lock(impl_->mutex);
+  // A destructor must not throw: a backing failing here (e.g. a CUDA runtime already shutting down) is ignored.
+  for (auto& [ev, b] : impl_->events) {
+    try {
+      backing_->release_event(ev);
+    } catch (...) {
+    }
+  }
+  for (Segment* s : impl_->segments) {
+    try {
+      if (s->expandable) {
+        backing_->unmap(s->base, s->size);
+        backing_->release_range(s->base, s->reserved_range);
+      } else {
+        backing_->free(s->base, s->size);
+      }
+    } catch (...) {
+    }
+  }
+}
+
+void* CachingAllocator::allocate(int64_t nbytes, StreamId stream) {
+  std::lock_guard<std::mutex> lock(impl_->mutex);
+  return impl_->allocate(nbytes, stream);
+}
+
+void CachingAllocator::deallocate(void* ptr) {
+  std::lock_guard<std::mutex> lock(impl_->mutex);
+  impl_->deallocate(ptr);
+}
+
+void CachingAllocator::record_stream(void* ptr, StreamId stream) {
+  std::lock_guard<std::mutex> lock(impl_->mutex);
+  auto it = impl_->active.find(ptr);
+  EMBER_CHECK(it != impl_->active.end(), ValueError, "record_stream: pointer ", ptr,
+              " is not a live allocation of ", name_);
+  Block* b = it->second;
+  if (stream == b->stream) return;
+  if (std::find(b->stream_uses.begin(), b->stream_uses.end(), stream) == b->stream_uses.end())
+    b->stream_uses.push_back(stream);
+}
+
+void CachingAllocator::empty_cache() {
+  std::lock_guard<std::mutex> lock(impl_->mutex);
+  impl_->process_events(true);
+  impl_->release_cached(0, false);
+}
+
+AllocatorStats CachingAllocator::stats() const {
+  std::lock_guard<std::mutex> lock(impl_->mutex);
+  const DeviceStats& s = impl_->stats;
+  AllocatorStats out;
+  out.allocated_bytes = s.allocated_bytes[kAggregatePool].current;
+  out.peak_allocated_bytes = s.allocated_bytes[kAggregatePool].peak;
+  out.reserved_bytes = s.reserved_bytes[kAggregatePool].current;
+  out.peak_reserved_bytes = s.reserved_bytes[kAggregatePool].peak;
+  out.requested_bytes = s.requested_bytes[kAggregatePool].current;
+  out.peak_requested_bytes = s.requested_bytes[kAggregatePool].peak;
+  out.num_allocs = s.allocation[kAggregatePool].allocated;
+  out.num_frees = s.allocation[kAggregatePool].freed;
+  out.num_ooms = s.num_ooms;
+  return out;
+}
+
+void CachingAllocator::reset_peak_stats() {
+  std::lock_guard<std::mutex> lock(impl_->mutex);
+  DeviceStats& s = impl_->stats;
+  for (int p = 0; p < kNumStatPools; ++p)
+    for (StatCounter* c : {&s.allocation[p], &s.segment[p], &s.active[p], &s.inactive_split[p], &s.allocated_bytes[p],
+                           &s.reserved_bytes[p], &s.active_bytes[p], &s.inactive_split_bytes[p],
+                           &s.requested_bytes[p]})
+      c->reset_peak();
+  s.oversize_allocations.reset_peak();
+  s.oversize_segments.reset_peak();
+  impl_->peak_active_bytes_since_reset = s.active_bytes[kAggregatePool].current;
+  impl_->peak_reserved_bytes_since_reset = s.reserved_bytes[kAggregatePool].current;
+}
+
+DeviceStats CachingAllocator::device_stats() const {
+  std::lock_guard<std::mutex> lock(impl_->mutex);
+  return impl_->stats;
+}
+
+FragmentationMetrics CachingAllocator::fragmentation() const {
+  std::lock_guard<std::mutex> lock(impl_->mutex);
+  const DeviceStats& s = impl_->stats;
+  FragmentationMetrics f;
+  f.cache_slack = s.reserved_bytes[kAggregatePool].current - s.allocated_bytes[kAggregatePool].current;
+  f.inactive_split_bytes = s.inactive_split_bytes[kAggregatePool].current;
+  f.rounding_waste = s.allocated_bytes[kAggregatePool].current - s.requested_bytes[kAggregatePool].current;
+  const int64_t pr = impl_->peak_reserved_bytes_since_reset;
+  f.peak_fragmentation =
+      pr > 0 ? 1.0 - static_cast<double>(impl_->peak_active_bytes_since_reset) / static_cast<double>(pr) : 0.0;
+  for (const BlockPool* pool : {&impl_->small_pool, &impl_->large_pool})
+    for (const Block* b : pool->blocks) f.largest_free_block = std::max(f.largest_free_block, b->size);
+  return f;
+}
+
+std::vector<SegmentSnapshot> CachingAllocator::snapshot() const {
+  std::lock_guard<std::mutex> lock(impl_->mutex);
+  std::vector<SegmentSnapshot> out;
+  for (const Segment* s : impl_->segments) {
+    SegmentSnapshot ss;
+    ss.addr = reinterpret_cast<uint64_t>(s->base);
+    ss.size = s->size;
+    ss.stream = s->stream;
+    ss.small_pool = s->is_small;
+    ss.expandable = s->expandable;
+    for (const Block* b = s->head; b != nullptr; b = b->next) {
+      BlockSnapshot bs;
+      bs.addr = reinterpret_cast<uint64_t>(b->ptr);
+      bs.size = b->size;
+      bs.requested = b->requested;
+      bs.allocated = b->allocated;
+      bs.pending_events = b->event_count > 0;
+      bs.stream = b->stream;
+      bs.tag = b->tag;
+      bs.id = b->allocated ? b->id : 0;
+      ss.blocks.push_back(bs);
+    }
+    out.push_back(std::move(ss));
+  }
+  std::sort(out.begin(), out.end(), [](const SegmentSnapshot& a, const SegmentSnapshot& b) { return a.addr < b.addr; });
+  return out;
+}
+
+void CachingAllocator::set_config(const AllocatorConfig& config) {
+  std::lock_guard<std::mutex> lock(impl_->mutex);
+  EMBER_CHECK(config.expandable_segments == impl_->config.expandable_segments || impl_->segments.empty(), ConfigError,
+              name_, ": expandable_segments can only change while the allocator holds no segments (call "
+              "empty_cache() after freeing every tensor)");
+  EMBER_CHECK(config.max_split_size == impl_->config.max_split_size || impl_->active.empty(), ConfigError, name_,
+              ": max_split_size_mb can only change while no allocation is live");
+  impl_->config = config;
+}
+
+AllocatorConfig CachingAllocator::config() const {
+  std::lock_guard<std::mutex> lock(impl_->mutex);
+  return impl_->config;
+}
+
+int64_t CachingAllocator::allowed_memory() const {
+  std::lock_guard<std::mutex> lock(impl_->mutex);
+  return impl_->allowed();
+}
+
+void CachingAllocator::enable_trace(size_t capacity) {
+  std::lock_guard<std::mutex> lock(impl_->mutex);
+  impl_->trace.set_capacity(capacity);
+}
+
+void CachingAllocator::disable_trace() {
+  std::lock_guard<std::mutex> lock(impl_->mutex);
+  impl_->trace.set_capacity(0);
+}
+
+std::vector<TraceEvent> CachingAllocator::trace() const { return impl_->trace.events(); }
+
+void CachingAllocator::annotate(const std::string& note) {
+  std::lock_guard<std::mutex> lock(impl_->mutex);
+  impl_->record(TraceAction::Annotate, 0, 0, 0, nullptr, 0, current_tag(), note);
+}
+
+void CachingAllocator::check_invariants() const {
+  std::lock_guard<std::mutex> lock(impl_->mutex);
+  const Impl& m = *impl_;
+  auto fail = [&](const std::string& what) { EMBER_THROW(Error, name_, ": invariant violated: ", what); };
+  int64_t seg_count[kNumStatPools] = {}, reserved[kNumStatPools] = {}, alloc_count[kNumStatPools] = {},
+          alloc_bytes[kNumStatPools] = {}, active_bytes[kNumStatPools] = {}, inactive_bytes[kNumStatPools] = {},
+          requested[kNumStatPools] = {};
+  size_t free_blocks = 0, live_blocks = 0;
+  for (const Segment* s : m.segments) {
+    const int pi = pool_index(s->is_small);
+    for (int p : {int(kAggregatePool), pi}) {
+      ++seg_count[p];
+      reserved[p] += s->size;
+    }
+    if (s->head == nullptr || s->head->prev != nullptr || s->head->ptr != s->base) fail("segment head is wrong");
+    char* expect = s->base;
+    for (const Block* b = s->head; b != nullptr; b = b->next) {
+      if (b->ptr != expect) fail("blocks do not tile their segment (gap or overlap)");
+      if (b->size <= 0) fail("empty block");
+      if (b->segment != s) fail("block points at another segment");
+      if (b->next != nullptr && b->next->prev != b) fail("broken block links");
+      expect += b->size;
+      const bool in_pool = b->pool->blocks.count(const_cast<Block*>(b)) > 0;
+      if (!b->allocated) {
+        ++free_blocks;
+        if (!in_pool) fail("free block missing from its pool");
+        if (b->next != nullptr && !b->next->allocated) fail("two adjacent free blocks");
+        if (b->prev != nullptr || b->next != nullptr)
+          for (int p : {int(kAggregatePool), pi}) inactive_bytes[p] += b->size;
+      } else {
+        if (in_pool) fail("allocated block in a pool");
+        for (int p : {int(kAggregatePool), pi}) active_bytes[p] += b->size;
+        if (b->event_count == 0) {
+          ++live_blocks;
+          auto it = m.active.find(b->ptr);
+          if (it == m.active.end() || it->second != b) fail("live block missing from the active map");
+          for (int p : {int(kAggregatePool), pi}) {
+            ++alloc_count[p];
+            alloc_bytes[p] += b->size;
+            requested[p] += b->requested;
+          }
+        }
+      }
+    }
+    if (expect != s->base + s->size) fail("blocks do not cover their segment");
+  }
+  if (live_blocks != m.active.size()) fail("active map holds blocks that are not live");
+  if (free_blocks != m.small_pool.blocks.size() + m.large_pool.blocks.size()) fail("pools hold stale blocks");
+  const DeviceStats& s = m.stats;
+  for (int p = 0; p < kNumStatPools; ++p) {
+    if (s.segment[p].current != seg_count[p]) fail("segment count differs from a recount");
+    if (s.reserved_bytes[p].current != reserved[p]) fail("reserved bytes differ from a recount");
+    if (s.allocation[p].current != alloc_count[p]) fail("allocation count differs from a recount");
+    if (s.allocated_bytes[p].current != alloc_bytes[p]) fail("allocated bytes differ from a recount");
+    if (s.active_bytes[p].current != active_bytes[p]) fail("active bytes differ from a recount");
+    if (s.inactive_split_bytes[p].current != inactive_bytes[p]) fail("inactive split bytes differ from a recount");
+    if (s.requested_bytes[p].current != requested[p]) fail("requested bytes differ from a recount");
+  }
+}
+
+}  // namespace ember::memory

@@ -1,0 +1,93 @@
+// The allocator's event trace: a bounded ring of alloc/free/segment/oom/annotate events, exported as JSON Lines
+// (docs/memory-trace.md) or as a Chrome trace with allocated/reserved counter tracks (opens in Perfetto), and
+// replayed through a fresh allocator under another configuration.
+// Invariant: a trace holding only `alloc`/`free` events with id, size and stream is a complete replay input.
+#pragma once
+
+#include <cstdint>
+#include <iosfwd>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "ember/memory/alloc_config.h"
+#include "ember/memory/allocator.h"
+#include "ember/memory/tags.h"
+
+namespace ember::memory {
+
+enum class TraceAction : uint8_t {
+  Alloc,         // a request served: id, size (requested), addr, block_size (after rounding)
+  Free,          // the user freed id (its memory may return to the pool later, after stream events)
+  SegmentAlloc,  // a segment obtained from the backing: addr, size
+  SegmentFree,   // a segment returned to the backing
+  SegmentMap,    // expandable segment grew: addr of the mapped range, size
+  SegmentUnmap,  // expandable segment shrank
+  Oom,           // a request that failed: size; allocated/reserved at the time
+  Annotate       // a user marker: note
+};
+const char* trace_action_name(TraceAction a);
+TraceAction parse_trace_action(const std::string& s);  // FormatError on unknown names
+
+struct TraceEvent {
+  TraceAction action = TraceAction::Alloc;
+  uint64_t id = 0;          // allocation id (alloc/free); 0 otherwise
+  int64_t size = 0;         // requested bytes (alloc/free/oom) or segment bytes (segment_*)
+  int64_t block_size = 0;   // bytes actually taken (alloc), after rounding
+  uint64_t addr = 0;
+  StreamId stream = 0;
+  TagId tag = kUntagged;
+  int64_t time_ns = 0;      // steady-clock time since the allocator was created
+  int64_t allocated = 0;    // allocated bytes after the event
+  int64_t reserved = 0;     // reserved bytes after the event
+  std::string note;         // annotate text; the tag name on export
+};
+
+// A fixed-capacity ring buffer of events; the oldest are dropped (and counted) when it is full. Thread-safe.
+class TraceRing {
+ public:
+  explicit TraceRing(size_t capacity = 0) { set_capacity(capacity); }
+  void set_capacity(size_t capacity);  // 0 = disabled; clears the ring
+  size_t capacity() const;
+  bool enabled() const { return enabled_; }
+  void push(TraceEvent e);
+  std::vector<TraceEvent> events() const;  // oldest first
+  uint64_t dropped() const;
+  void clear();
+
+ private:
+  mutable std::mutex mutex_;
+  std::vector<TraceEvent> ring_;
+  size_t head_ = 0, size_ = 0;
+  uint64_t dropped_ = 0;
+  bool enabled_ = false;
+};
+
+// JSON Lines: one object per event with at least "action", "id", "size", "stream" (see docs/memory-trace.md).
+void write_trace_jsonl(const std::vector<TraceEvent>& events, std::ostream& out);
+// Reads JSON Lines; FormatError naming the line number on malformed input. Unknown keys are ignored; missing
+// optional keys default to 0.
+std::vector<TraceEvent> read_trace_jsonl(std::istream& in);
+// Chrome trace-event format: counter tracks "allocated" and "reserved", instant events for OOMs and annotations.
+void write_chrome_trace(const std::vector<TraceEvent>& events, std::ostream& out);
+
+struct ReplayResult {
+  int64_t peak_allocated = 0;
+  int64_t peak_reserved = 0;
+  int64_t peak_requested = 0;
+  double fragmentation = 0.0;  // 1 - peak_allocated / peak_reserved
+  int64_t num_ooms = 0;
+  int64_t first_oom_index = -1;  // index of the first alloc event that failed, -1 if none
+  int64_t num_device_allocs = 0;
+  int64_t num_allocs = 0;
+  int64_t largest_free_block_at_peak = 0;
+  std::string config;  // the configuration replayed
+};
+
+// Replays the alloc/free events of a trace through a fresh CachingAllocator over an address-only simulated device
+// of `capacity` bytes (kNoLimit = unbounded) under `config`. Frees of ids that failed or were never allocated are
+// ignored; allocations that fail are counted as OOMs and the replay continues.
+ReplayResult replay_trace(const std::vector<TraceEvent>& events, const AllocatorConfig& config,
+                          int64_t capacity = kNoLimit);
+
+}  // namespace ember::memory
