@@ -11,6 +11,7 @@
 #include <sstream>
 
 #include "ember/base/error.h"
+#include "ember/memory/oom_report.h"
 
 namespace ember::memory {
 
@@ -545,75 +546,28 @@ struct CachingAllocator::Impl {
 
 // ---- OOM ---------------------------------------------------------------------------------------------------------
 
-namespace {
-// Would the live allocations plus this request fit under `config`? Replays them, in allocation order, through a
-// fresh allocator over an address-only device of the same allowed size.
-bool replay_fits(const std::vector<std::pair<uint64_t, std::pair<int64_t, StreamId>>>& live, int64_t request,
-                 StreamId stream, const AllocatorConfig& config, int64_t capacity) {
-  CachingAllocator probe(make_simulated_backing(capacity, false), config, "replay");
-  try {
-    for (const auto& [id, sz] : live) probe.allocate(sz.first, sz.second);
-    probe.allocate(request, stream);
-    return true;
-  } catch (const OutOfMemoryError&) {
-    return false;
-  }
-}
-}  // namespace
-
 void CachingAllocator::Impl::throw_oom(int64_t requested, int64_t rounded, StreamId stream) {
   ++stats.num_ooms;
   record(TraceAction::Oom, 0, requested, rounded, nullptr, stream, current_tag());
-  const int64_t allocated = stats.allocated_bytes[kAggregatePool].current;
-  const int64_t reserved = stats.reserved_bytes[kAggregatePool].current;
-  const int64_t cached = reserved - allocated;
-  int64_t largest = 0;
-  int64_t free_blocks = 0;
+  OomFacts f;
+  f.device = backing.name();
+  f.requested = requested;
+  f.rounded = rounded;
+  f.stream = stream;
+  f.capacity = backing.capacity();
+  f.allowed = allowed();
+  f.allocated = stats.allocated_bytes[kAggregatePool].current;
+  f.reserved = stats.reserved_bytes[kAggregatePool].current;
   for (BlockPool* pool : {&small_pool, &large_pool})
     for (Block* b : pool->blocks) {
-      largest = std::max(largest, b->size);
-      ++free_blocks;
+      f.largest_free = std::max(f.largest_free, b->size);
+      ++f.free_blocks;
     }
-  const int64_t cap = backing.capacity();
-  const int64_t allow = allowed();
-  std::ostringstream os;
-  os << backing.name() << ": out of memory: tried to allocate " << format_bytes(requested);
-  if (rounded != requested) os << " (" << format_bytes(rounded) << " after rounding)";
-  os << ". Capacity " << (cap == kNoLimit ? std::string("unbounded") : format_bytes(cap));
-  if (allow != cap) os << ", allowed " << format_bytes(allow);
-  os << "; " << format_bytes(allocated) << " allocated by live tensors, " << format_bytes(reserved)
-     << " reserved by the allocator, of which " << format_bytes(cached) << " is reserved but unallocated in "
-     << free_blocks << " free block(s), the largest " << format_bytes(largest) << ".";
-  // Advice only where a replay shows it would have helped (Note: the replay uses the live set, in allocation order).
-  std::vector<std::pair<uint64_t, std::pair<int64_t, StreamId>>> live;
-  live.reserve(active.size());
-  for (const auto& [p, b] : active) live.push_back({b->id, {b->requested, b->stream}});
-  std::sort(live.begin(), live.end());
-  const int64_t replay_cap = allow == kNoLimit ? cap : allow;
-  std::vector<std::string> helps;
-  if (cached >= requested && replay_cap != kNoLimit) {
-    if (config.max_split_size == kNoLimit) {
-      AllocatorConfig c = config;
-      c.max_split_size = 128 * kMiB;
-      if (replay_fits(live, requested, stream, c, replay_cap)) helps.push_back("max_split_size_mb:128");
-    }
-    if (!config.expandable_segments) {
-      AllocatorConfig c = config;
-      c.expandable_segments = true;
-      if (replay_fits(live, requested, stream, c, replay_cap)) helps.push_back("expandable_segments:True");
-    }
-  }
-  if (!helps.empty()) {
-    os << " The cache is fragmented: a replay of the " << live.size()
-       << " live allocations plus this request fits with EMBER_ALLOC_CONF=" << helps[0];
-    if (helps.size() > 1) os << " (or " << helps[1] << ")";
-    os << ".";
-  } else {
-    os << " Live tensors need " << format_bytes(allocated + rounded)
-       << " with this request; free memory first or need less of it: a smaller batch (or gradient accumulation), "
-          "activation checkpointing, or mixed precision.";
-  }
-  throw OutOfMemoryError(os.str(), requested, cap == kNoLimit ? -1 : cap, allocated, reserved);
+  f.config = config;
+  f.live.reserve(active.size());
+  for (const auto& [p, b] : active) f.live.push_back({b->id, b->requested, b->stream});
+  throw OutOfMemoryError(explain_oom(f), requested, f.capacity == kNoLimit ? -1 : f.capacity, f.allocated,
+                         f.reserved);
 }
 
 // ---- public API ------------------------------------------------------------------------------------------------
