@@ -259,6 +259,9 @@ const RandomCase kRandomCases[] = {
      "CachingKnobs.ExpandableWithMaxSplitSize)"},
 };
 
+// Names the case in test listings (instead of the struct's bytes).
+void PrintTo(const RandomCase& c, std::ostream* os) { *os << c.name << " (" << (*c.conf ? c.conf : "default") << ")"; }
+
 class RandomInvariants : public ::testing::TestWithParam<RandomCase> {};
 
 int64_t draw_size(std::mt19937_64& rng, bool materialize) {
