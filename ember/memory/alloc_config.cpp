@@ -182,8 +182,14 @@ std::vector<std::string_view> split_entries(std::string_view s) {
 
 }  // namespace
 
-AllocatorConfig parse_alloc_config(const std::string& text) {
-  AllocatorConfig cfg;
+AllocatorConfig ember_default_config() {
+  AllocatorConfig c;
+  c.expandable_segments = true;
+  return c;
+}
+
+AllocatorConfig parse_alloc_config(const std::string& text, const AllocatorConfig& base) {
+  AllocatorConfig cfg = base;
   if (trim(text).empty()) return cfg;
   std::vector<std::string_view> entries = split_entries(text);
   // A single trailing comma is tolerated, as PyTorch does.
@@ -323,9 +329,9 @@ std::string AllocatorConfig::str() const {
 
 AllocatorConfig alloc_config_from_env() {
   const char* env = std::getenv("EMBER_ALLOC_CONF");
-  if (env == nullptr) return AllocatorConfig{};
+  if (env == nullptr) return ember_default_config();
   try {
-    return parse_alloc_config(env);
+    return parse_alloc_config(env, ember_default_config());
   } catch (const ConfigError& e) {
     EMBER_THROW(ConfigError, "EMBER_ALLOC_CONF: ", e.what());
   }

@@ -41,8 +41,12 @@ struct AllocatorConfig {
   std::string str() const;  // the canonical "key:value,..." form of every non-default setting
 };
 
-AllocatorConfig parse_alloc_config(const std::string& text);
-// Parses EMBER_ALLOC_CONF from the environment (empty or unset: defaults).
+// Parses `text` on top of `base` (keys not mentioned keep base's values). AllocatorConfig{} holds PyTorch's defaults.
+AllocatorConfig parse_alloc_config(const std::string& text, const AllocatorConfig& base = AllocatorConfig{});
+// ember's defaults for the process-wide allocators: PyTorch's, except expandable_segments:True (where the backing
+// supports it), which keeps fragmentation of training-like traces low (bench/RESULTS.md, "Caching allocator").
+AllocatorConfig ember_default_config();
+// Parses EMBER_ALLOC_CONF from the environment on top of ember_default_config() (unset or empty: those defaults).
 AllocatorConfig alloc_config_from_env();
 
 }  // namespace ember::memory

@@ -8,23 +8,15 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <memory_resource>
+#include <set>
+#include <unordered_map>
 #include <sstream>
 
 #include "ember/base/error.h"
 #include "ember/memory/oom_report.h"
 
 namespace ember::memory {
-
-void StatCounter::increase(int64_t n) {
-  current += n;
-  allocated += n;
-  peak = std::max(peak, current);
-}
-
-void StatCounter::decrease(int64_t n) {
-  current -= n;
-  freed += n;
-}
 
 namespace {
 
@@ -56,12 +48,16 @@ struct BlockOrder {  // best fit keyed on (stream, size, address)
   }
 };
 
+// Pool and map nodes come from the allocator's own unsynchronised pool resource (guarded by its mutex), so the
+// hot path of a cached alloc/free pair makes no system allocation.
 struct BlockPool {
-  std::set<Block*, BlockOrder> blocks;
+  explicit BlockPool(std::pmr::memory_resource* r) : blocks(r) {}
+  std::pmr::set<Block*, BlockOrder> blocks;
   bool is_small = false;
 };
 
 struct Segment {
+  bool counted_oversize = false;  // counted in stats.oversize_segments (kept in step as the segment grows/shrinks)
   char* base = nullptr;
   int64_t size = 0;     // bytes held from the backing (mapped bytes for expandable segments)
   int64_t reserved_range = 0;  // expandable: virtual range size
@@ -75,11 +71,12 @@ int pool_index(bool is_small) { return is_small ? kSmallPool : kLargePool; }
 
 int64_t round_up(int64_t n, int64_t m) { return (n + m - 1) / m * m; }
 
-int64_t power2_floor(int64_t n) {
-  int64_t p = 1;
-  while (p * 2 <= n) p *= 2;
-  return p;
+int64_t power2_floor(int64_t n) {  // n >= 1
+  return int64_t{1} << (63 - __builtin_clzll(static_cast<unsigned long long>(n)));
 }
+
+// Requests above this are refused up front (OutOfMemoryError): rounding arithmetic stays far from int64 overflow.
+constexpr int64_t kMaxRequest = int64_t{1} << 60;
 
 // Rounds size up to the next of `divisions` equal steps between its two enclosing powers of two.
 int64_t roundup_power2_next_division(int64_t size, int64_t divisions) {
@@ -97,9 +94,10 @@ struct CachingAllocator::Impl {
   Backing& backing;
   AllocatorConfig config;
   mutable std::mutex mutex;
-  BlockPool small_pool, large_pool;
+  std::pmr::unsynchronized_pool_resource node_resource;
+  BlockPool small_pool{&node_resource}, large_pool{&node_resource};
   std::vector<Segment*> segments;                 // address order is not required; segment lookup is via blocks
-  std::unordered_map<void*, Block*> active;       // user pointer -> allocated block
+  std::pmr::unordered_map<void*, Block*> active{&node_resource};  // user pointer -> allocated block
   std::vector<std::pair<EventId, Block*>> events; // outstanding cross-stream events, in record order
   DeviceStats stats;
   int64_t peak_active_bytes_since_reset = 0, peak_reserved_bytes_since_reset = 0;
@@ -208,6 +206,14 @@ struct CachingAllocator::Impl {
         std::max(peak_reserved_bytes_since_reset, stats.reserved_bytes[kAggregatePool].current);
   }
 
+  void update_oversize(Segment* seg) {
+    const bool oversize = seg->size >= config.max_split_size;
+    if (oversize == seg->counted_oversize) return;
+    if (oversize) stats.oversize_segments.increase(1);
+    else stats.oversize_segments.decrease(1);
+    seg->counted_oversize = oversize;
+  }
+
   // ---- segments -----------------------------------------------------------------------------------------------
   Segment* add_segment(char* base, int64_t size, bool is_small, StreamId stream, bool expandable, int64_t range) {
     auto* seg = new Segment();
@@ -229,7 +235,7 @@ struct CachingAllocator::Impl {
       stats.segment[p].increase(1);
       stats.reserved_bytes[p].increase(size);
     });
-    if (size >= config.max_split_size) stats.oversize_segments.increase(1);
+    update_oversize(seg);
     ++stats.num_device_alloc;
     note_active_peak();
     record(expandable ? TraceAction::SegmentMap : TraceAction::SegmentAlloc, 0, size, size, base, stream, kUntagged);
@@ -267,6 +273,10 @@ struct CachingAllocator::Impl {
     Block* last = seg->head;
     while (last->next != nullptr) last = last->next;
     const int64_t have = last->allocated ? 0 : last->size;
+    if (have >= size) {  // the tail already fits (it was only passed over by the pool's oversize rule)
+      last->pool->blocks.erase(last);
+      return last;
+    }
     const int64_t grow = round_up(size - have, page);
     if (seg->size + grow > seg->reserved_range) return nullptr;
     if (stats.reserved_bytes[kAggregatePool].current + grow > allowed()) return nullptr;
@@ -276,6 +286,7 @@ struct CachingAllocator::Impl {
     note_active_peak();
     record(TraceAction::SegmentMap, 0, grow, grow, seg->base + seg->size, stream, kUntagged);
     seg->size += grow;
+    update_oversize(seg);
     if (!last->allocated) {
       last->pool->blocks.erase(last);
       add_inactive(last, -1);
@@ -305,7 +316,7 @@ struct CachingAllocator::Impl {
       stats.segment[p].decrease(1);
       stats.reserved_bytes[p].decrease(seg->size);
     });
-    if (seg->size >= config.max_split_size) stats.oversize_segments.decrease(1);
+    if (seg->counted_oversize) stats.oversize_segments.decrease(1);
     ++stats.num_device_free;
     record(seg->expandable ? TraceAction::SegmentUnmap : TraceAction::SegmentFree, 0, seg->size, seg->size, seg->base,
            seg->stream, kUntagged);
@@ -340,6 +351,7 @@ struct CachingAllocator::Impl {
     ++stats.num_device_free;
     record(TraceAction::SegmentUnmap, 0, cut, cut, seg->base + keep_end, seg->stream, kUntagged);
     seg->size = keep_end;
+    update_oversize(seg);
     last->size -= cut;
     if (last->size == 0) {  // the free block began on a page boundary: it is gone (its allocated prev stays)
       last->prev->next = nullptr;
@@ -359,8 +371,10 @@ struct CachingAllocator::Impl {
     auto it = pool.blocks.lower_bound(&key);
     if (it == pool.blocks.end() || (*it)->stream != stream) return nullptr;
     Block* b = *it;
-    // Oversize blocks (>= max_split_size) serve only large requests within kLargeBuffer of their size.
-    if (b->size >= config.max_split_size && (size < config.max_split_size || b->size >= size + kLargeBuffer))
+    // Oversize blocks (>= max_split_size) serve only large requests within kLargeBuffer of their size. Blocks of
+    // expandable segments are exempt: their free tail pages go back to the device, so splitting them strands nothing.
+    if (b->size >= config.max_split_size && !b->segment->expandable &&
+        (size < config.max_split_size || b->size >= size + kLargeBuffer))
       return nullptr;
     pool.blocks.erase(it);
     return b;
@@ -455,6 +469,7 @@ struct CachingAllocator::Impl {
   void* allocate(int64_t nbytes, StreamId stream) {
     EMBER_CHECK(nbytes >= 0, ValueError, "allocate: negative size ", nbytes);
     if (nbytes == 0) return nullptr;
+    if (nbytes > kMaxRequest) throw_oom(nbytes, nbytes, stream);
     const int64_t size = round_size(nbytes);
     BlockPool& pool = pool_for(size);
     process_events(false);
@@ -714,6 +729,7 @@ void CachingAllocator::set_config(const AllocatorConfig& config) {
   EMBER_CHECK(config.max_split_size == impl_->config.max_split_size || impl_->active.empty(), ConfigError, name_,
               ": max_split_size_mb can only change while no allocation is live");
   impl_->config = config;
+  for (Segment* s : impl_->segments) impl_->update_oversize(s);
 }
 
 AllocatorConfig CachingAllocator::config() const {

@@ -33,8 +33,15 @@ inline constexpr int64_t kRoundLarge = 2 * kMiB;       // larger segments are ro
 
 struct StatCounter {
   int64_t current = 0, peak = 0, allocated = 0, freed = 0;
-  void increase(int64_t n);
-  void decrease(int64_t n);
+  void increase(int64_t n) {
+    current += n;
+    allocated += n;
+    if (current > peak) peak = current;
+  }
+  void decrease(int64_t n) {
+    current -= n;
+    freed += n;
+  }
   void reset_peak() { peak = current; }
 };
 

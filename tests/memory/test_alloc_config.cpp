@@ -417,15 +417,23 @@ TEST(AllocConfig, StrRoundTripsRandomDivisionTables) {
 
 TEST(AllocConfig, FromEnvironment) {
   EnvGuard guard("EMBER_ALLOC_CONF");
+  // ember's process-wide default: PyTorch's settings except expandable segments on.
+  AllocatorConfig ember_default;
+  ember_default.expandable_segments = true;
+  expect_same(ember_default_config(), ember_default);
   unsetenv("EMBER_ALLOC_CONF");
-  expect_same(alloc_config_from_env(), AllocatorConfig{});
+  expect_same(alloc_config_from_env(), ember_default);
   setenv("EMBER_ALLOC_CONF", "", 1);
-  expect_same(alloc_config_from_env(), AllocatorConfig{});
-  setenv("EMBER_ALLOC_CONF", "max_split_size_mb:128,expandable_segments:True,capacity:6GiB", 1);
+  expect_same(alloc_config_from_env(), ember_default);
+  setenv("EMBER_ALLOC_CONF", "max_split_size_mb:128,capacity:6GiB", 1);
   const AllocatorConfig c = alloc_config_from_env();
   EXPECT_EQ(c.max_split_size, 128 * MiB);
-  EXPECT_TRUE(c.expandable_segments);
+  EXPECT_TRUE(c.expandable_segments);  // not mentioned: keeps ember's default
   EXPECT_EQ(c.capacity, 6 * GiB);
+  setenv("EMBER_ALLOC_CONF", "expandable_segments:False", 1);
+  EXPECT_FALSE(alloc_config_from_env().expandable_segments);
+  // parse_alloc_config on its own starts from PyTorch's defaults.
+  EXPECT_FALSE(parse_alloc_config("max_split_size_mb:128").expandable_segments);
   setenv("EMBER_ALLOC_CONF", "max_split_size_mb:10", 1);
   expect_config_error([] { alloc_config_from_env(); }, {"EMBER_ALLOC_CONF", "max_split_size_mb", "10"});
 }

@@ -242,7 +242,6 @@ struct RandomCase {
   int64_t ops;         // alloc + free calls
   int check_every;     // ops between full verifications
   bool materialize;    // real memory: stamps written into every allocation are checked on free
-  const char* known_bug = nullptr;  // skipped with this reason (and not counted) until the bug is fixed
 };
 
 // >= 1e6 alloc/free operations in all (checked by RandomInvariantsTotal.AtLeastAMillionOperations).
@@ -254,9 +253,7 @@ const RandomCase kRandomCases[] = {
     {"fraction", "per_process_memory_fraction:0.5,roundup_power2_divisions:[1:4,16:2,>:8]", 384 * MiB,
      200000, 10, false},
     {"materialized", "", 48 * MiB, 60000, 25, true},
-    {"expandable_max_split", "expandable_segments:True,max_split_size_mb:40", 192 * MiB, 100000, 10, false,
-     "known bug: expand_segment maps a negative size when the trailing free block is oversize (see "
-     "CachingKnobs.ExpandableWithMaxSplitSize)"},
+    {"expandable_max_split", "expandable_segments:True,max_split_size_mb:40", 192 * MiB, 100000, 10, false},
 };
 
 // Names the case in test listings (instead of the struct's bytes).
@@ -298,7 +295,6 @@ bool stamp_ok(const void* p, int64_t n, uint64_t v) {
 
 TEST_P(RandomInvariants, AllInvariantsHold) {
   const RandomCase& rc = GetParam();
-  if (rc.known_bug != nullptr) GTEST_SKIP() << rc.known_bug;
   const uint64_t seed = ember::testing::test_seed() ^ (std::hash<std::string>{}(rc.name) * 0x9E3779B97F4A7C15ull);
   SCOPED_TRACE(std::string("case ") + rc.name + ", seed " + std::to_string(seed) + " (from EMBER_TEST_SEED " +
                std::to_string(ember::testing::test_seed()) + ")");
@@ -457,7 +453,7 @@ INSTANTIATE_TEST_SUITE_P(Caching, RandomInvariants, ::testing::ValuesIn(kRandomC
 TEST(RandomInvariantsTotal, AtLeastAMillionOperations) {
   int64_t total = 0;
   for (const RandomCase& c : kRandomCases)
-    if (c.known_bug == nullptr) total += c.ops;
+    total += c.ops;
   EXPECT_GE(total, 1000000);
 }
 

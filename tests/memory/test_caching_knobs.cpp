@@ -320,9 +320,6 @@ TEST(CachingKnobs, EmptyCacheUnmapsTrailingPages) {
 // Expandable segments and max_split_size together: a trailing free block at or above max_split_size cannot serve a
 // small request (the oversize rule), so the allocator grows the segment instead; that must still work.
 TEST(CachingKnobs, ExpandableWithMaxSplitSize) {
-  GTEST_SKIP() << "known bug: expand_segment computes grow = round_up(size - trailing_free, page) < 0 when the "
-                  "trailing free block is larger than the request but refused by the oversize rule, and maps a "
-                  "negative size (SimulatedBacking::map throws ValueError)";
   auto a = make_allocator(GiB, "expandable_segments:True,max_split_size_mb:40");
   void* A = a->allocate(4 * MiB);
   void* B = a->allocate(60 * MiB);
@@ -342,9 +339,6 @@ TEST(CachingKnobs, ExpandableWithMaxSplitSize) {
 // An expandable segment that grows past max_split_size (or shrinks below it) must keep oversize_segments equal to
 // the number of segments at or above max_split_size; in particular it returns to 0 when the segment is released.
 TEST(CachingKnobs, ExpandableOversizeSegmentCount) {
-  GTEST_SKIP() << "known bug: oversize_segments is counted from the segment's size when it is created and "
-                  "uncounted from its size when it is released; an expandable segment that grew from 30 to 50 MiB "
-                  "(max_split_size_mb:40) is never counted and leaves the counter at -1 after empty_cache()";
   auto a = make_allocator(GiB, "expandable_segments:True,max_split_size_mb:40");
   void* p = a->allocate(30 * MiB);  // maps 30 MiB: not oversize
   EXPECT_EQ(a->device_stats().oversize_segments.current, 0);
@@ -362,8 +356,6 @@ TEST(CachingKnobs, ExpandableOversizeSegmentCount) {
 // max_split_size_mb may change while no allocation is live, but cached segments stay: the oversize count must
 // follow (a 60 MiB segment cached without a limit becomes oversize under max_split_size_mb:40).
 TEST(CachingKnobs, SetConfigMaxSplitKeepsOversizeCount) {
-  GTEST_SKIP() << "known bug: set_config(max_split_size_mb:40) with a cached 60 MiB segment, then empty_cache(): "
-                  "oversize_segments.current becomes -1 (released as oversize, never counted as oversize)";
   auto a = make_allocator(GiB);
   a->deallocate(a->allocate(60 * MiB));
   a->set_config(parse_alloc_config("max_split_size_mb:40"));
