@@ -26,7 +26,8 @@ Tensor lt(const Tensor& a, const Tensor& b);
 Tensor le(const Tensor& a, const Tensor& b);
 Tensor gt(const Tensor& a, const Tensor& b);
 Tensor ge(const Tensor& a, const Tensor& b);
-// Scalar operands take the tensor's dtype (a float scalar with an integer tensor gives f32), like PyTorch.
+// Scalar operands take the tensor's dtype (a float scalar with an integer tensor gives f32), like PyTorch; their value
+// is kept in the compute type (f32 for f16/bf16), not rounded to the tensor's dtype first.
 Tensor add(const Tensor& a, Scalar b);
 Tensor sub(const Tensor& a, Scalar b);
 Tensor mul(const Tensor& a, Scalar b);

@@ -1,9 +1,12 @@
 // Front ends of the elementwise ops (unary, binary, comparisons, scalar operands, where, cast) and their stubs.
 // Each checks its arguments, promotes dtypes (PyTorch rules), broadcasts and allocates a fresh contiguous output.
-// Invariant: kernels receive inputs already cast to the compute dtype and expanded to the output's shape.
+// Invariant: kernels receive inputs already cast to the result dtype (a Scalar operand: to the result's compute dtype,
+// Note [Scalar operands]) and expanded to the output's shape.
 #include <cmath>
 #include <limits>
+#include <type_traits>
 
+#include "ember/kernels/elementwise_math.h"
 #include "ember/kernels/ops.h"
 
 namespace ember {
@@ -21,51 +24,62 @@ void check_defined(const char* op, const Tensor& t, const char* what) {
 // Meta tensors hold no bytes and empty outputs have nothing to compute: the kernel is skipped for both.
 bool needs_kernel(const Tensor& out) { return out.numel() > 0 && !out.device().is_meta(); }
 
-const char* binary_name(BinaryOp op) {
-  switch (op) {
-    case BinaryOp::Add: return "add";
-    case BinaryOp::Sub: return "sub";
-    case BinaryOp::Mul: return "mul";
-    case BinaryOp::Div: return "div";
-    case BinaryOp::Pow: return "pow";
-    case BinaryOp::Maximum: return "maximum";
-    case BinaryOp::Minimum: return "minimum";
-    case BinaryOp::Eq: return "eq";
-    case BinaryOp::Ne: return "ne";
-    case BinaryOp::Lt: return "lt";
-    case BinaryOp::Le: return "le";
-    case BinaryOp::Gt: return "gt";
-    case BinaryOp::Ge: return "ge";
-  }
-  return "binary";
+// Note [Result type]: PyTorch's result_type for two tensor operands. Operands of the same kind (both 0-d or both
+// with dims) promote normally. A 0-d tensor beside an n-d one counts only by category (bool < integer < floating):
+// when its category is not higher, the n-d tensor's dtype wins (f16[3] + f32 0-d -> f16, i32[3] + i64 0-d -> i32);
+// when it is higher, the two promote (i32[3] + f32 0-d -> f32, bool[3] + i64 0-d -> i64).
+int category(DType d) { return d == DType::b8 ? 0 : (is_floating(d) ? 2 : 1); }
+
+DType result_type(const Tensor& a, const Tensor& b) {
+  const bool a0 = a.dim() == 0, b0 = b.dim() == 0;
+  if (a0 == b0) return promote_types(a.dtype(), b.dtype());
+  const DType dim_dt = a0 ? b.dtype() : a.dtype(), zero_dt = a0 ? a.dtype() : b.dtype();
+  return category(zero_dt) > category(dim_dt) ? promote_types(dim_dt, zero_dt) : dim_dt;
+}
+
+// The output dtype of `op` on operands promoted to `ct`; checks the combinations no kernel supports.
+DType binary_out_dtype(BinaryOp op, DType ct, const Tensor& a, const char* b_desc) {
+  const char* name = kernels::binary_op_name(op);
+  if (op == BinaryOp::Div && is_integral(ct)) ct = DType::f32;  // true division
+  EMBER_CHECK(!(ct == DType::b8 && (op == BinaryOp::Sub || op == BinaryOp::Pow)), DTypeError, name,
+              ": not supported for bool operands (", a.description(), ", ", b_desc, ")");
+  return ct;
 }
 
 Tensor binary_op(BinaryOp op, const Tensor& a, const Tensor& b) {
-  const char* name = binary_name(op);
+  const char* name = kernels::binary_op_name(op);
   check_defined(name, a, "first operand");
   check_defined(name, b, "second operand");
   const Device device = common_device(name, {&a, &b});
-  DType ct = promote_types(a.dtype(), b.dtype());
-  if (op == BinaryOp::Div && is_integral(ct)) ct = DType::f32;  // true division
-  EMBER_CHECK(!(ct == DType::b8 && (op == BinaryOp::Sub || op == BinaryOp::Pow)), DTypeError, name,
-              ": not supported for bool operands (", a.description(), ", ", b.description(), ")");
+  const DType ct = binary_out_dtype(op, result_type(a, b), a, b.description().c_str());
   const Shape shape = broadcast_shapes(a.sizes(), b.sizes(), name);
   Tensor out = empty(shape, {is_comparison(op) ? DType::b8 : ct, device});
   if (needs_kernel(out)) binary_stub.get(device.type)(op, a.to(ct).expand(shape), b.to(ct).expand(shape), out);
   return out;
 }
 
-// A Scalar operand takes the tensor's dtype; a floating scalar with an integer/bool tensor is f32, an integer
-// scalar with a bool tensor is i64 (PyTorch's rules for Python numbers).
-Tensor scalar_operand(const char* op, const Tensor& t, Scalar s) {
-  check_defined(op, t, "tensor operand");
+// Note [Scalar operands]: a Scalar (a Python number in PyTorch) gives the result the tensor's dtype, except that a
+// floating scalar with an integer/bool tensor gives f32 and an integer scalar with a bool tensor gives i64. Its value
+// is not rounded to that dtype: it becomes a 0-d tensor of the result's compute dtype (op_math_dtype: f32 for
+// f16/bf16), expanded with stride 0, which the kernels load straight into the compute type. So f16 60000 / 100000.0
+// is 0.6, not 60000 / f16(100000) = 60000 / inf = 0.
+Tensor binary_scalar_op(BinaryOp op, const Tensor& t, Scalar s) {
+  const char* name = kernels::binary_op_name(op);
+  check_defined(name, t, "tensor operand");
   DType dt = t.dtype();
   if (!is_floating(dt)) dt = !s.is_integral() ? DType::f32 : (dt == DType::b8 ? DType::i64 : dt);
-  return scalar_tensor(s, {dt, t.device()});
+  const DType ct = binary_out_dtype(op, dt, t, s.is_integral() ? "an integer scalar" : "a floating scalar");
+  Tensor out = empty(t.sizes(), {ct, t.device()});
+  if (needs_kernel(out)) {
+    const Tensor scalar = scalar_tensor(s, {kernels::op_math_dtype(ct), t.device()});
+    binary_stub.get(t.device().type)(op, t.to(ct), scalar.expand(t.sizes()), out);
+  }
+  return out;
 }
 
 // integer_ok: the op also runs on i32/i64/u8 (never bool); otherwise it needs a floating input.
-Tensor unary_op(const char* name, UnaryOp op, const Tensor& x, UnaryParams p, bool integer_ok) {
+Tensor unary_op(UnaryOp op, const Tensor& x, UnaryParams p, bool integer_ok) {
+  const char* name = kernels::unary_op_name(op);
   check_defined(name, x, "input");
   if (integer_ok) {
     EMBER_CHECK(x.dtype() != DType::b8, DTypeError, name, ": bool tensors are not supported, got ", x.description());
@@ -94,27 +108,27 @@ Tensor le(const Tensor& a, const Tensor& b) { return binary_op(BinaryOp::Le, a, 
 Tensor gt(const Tensor& a, const Tensor& b) { return binary_op(BinaryOp::Gt, a, b); }
 Tensor ge(const Tensor& a, const Tensor& b) { return binary_op(BinaryOp::Ge, a, b); }
 
-Tensor add(const Tensor& a, Scalar b) { return binary_op(BinaryOp::Add, a, scalar_operand("add", a, b)); }
-Tensor sub(const Tensor& a, Scalar b) { return binary_op(BinaryOp::Sub, a, scalar_operand("sub", a, b)); }
-Tensor mul(const Tensor& a, Scalar b) { return binary_op(BinaryOp::Mul, a, scalar_operand("mul", a, b)); }
-Tensor div(const Tensor& a, Scalar b) { return binary_op(BinaryOp::Div, a, scalar_operand("div", a, b)); }
+Tensor add(const Tensor& a, Scalar b) { return binary_scalar_op(BinaryOp::Add, a, b); }
+Tensor sub(const Tensor& a, Scalar b) { return binary_scalar_op(BinaryOp::Sub, a, b); }
+Tensor mul(const Tensor& a, Scalar b) { return binary_scalar_op(BinaryOp::Mul, a, b); }
+Tensor div(const Tensor& a, Scalar b) { return binary_scalar_op(BinaryOp::Div, a, b); }
 
 // ---- unary -----------------------------------------------------------------------------------------------------
-Tensor neg(const Tensor& x) { return unary_op("neg", UnaryOp::Neg, x, {}, true); }
-Tensor exp(const Tensor& x) { return unary_op("exp", UnaryOp::Exp, x, {}, false); }
-Tensor log(const Tensor& x) { return unary_op("log", UnaryOp::Log, x, {}, false); }
-Tensor sqrt(const Tensor& x) { return unary_op("sqrt", UnaryOp::Sqrt, x, {}, false); }
-Tensor rsqrt(const Tensor& x) { return unary_op("rsqrt", UnaryOp::Rsqrt, x, {}, false); }
-Tensor tanh(const Tensor& x) { return unary_op("tanh", UnaryOp::Tanh, x, {}, false); }
-Tensor sigmoid(const Tensor& x) { return unary_op("sigmoid", UnaryOp::Sigmoid, x, {}, false); }
-Tensor relu(const Tensor& x) { return unary_op("relu", UnaryOp::Relu, x, {}, true); }
+Tensor neg(const Tensor& x) { return unary_op(UnaryOp::Neg, x, {}, true); }
+Tensor exp(const Tensor& x) { return unary_op(UnaryOp::Exp, x, {}, false); }
+Tensor log(const Tensor& x) { return unary_op(UnaryOp::Log, x, {}, false); }
+Tensor sqrt(const Tensor& x) { return unary_op(UnaryOp::Sqrt, x, {}, false); }
+Tensor rsqrt(const Tensor& x) { return unary_op(UnaryOp::Rsqrt, x, {}, false); }
+Tensor tanh(const Tensor& x) { return unary_op(UnaryOp::Tanh, x, {}, false); }
+Tensor sigmoid(const Tensor& x) { return unary_op(UnaryOp::Sigmoid, x, {}, false); }
+Tensor relu(const Tensor& x) { return unary_op(UnaryOp::Relu, x, {}, true); }
 Tensor gelu(const Tensor& x, GeluApprox approx) {
-  return unary_op("gelu", approx == GeluApprox::Tanh ? UnaryOp::GeluTanh : UnaryOp::GeluErf, x, {}, false);
+  return unary_op(approx == GeluApprox::Tanh ? UnaryOp::GeluTanh : UnaryOp::GeluErf, x, {}, false);
 }
-Tensor silu(const Tensor& x) { return unary_op("silu", UnaryOp::Silu, x, {}, false); }
-Tensor abs(const Tensor& x) { return unary_op("abs", UnaryOp::Abs, x, {}, true); }
+Tensor silu(const Tensor& x) { return unary_op(UnaryOp::Silu, x, {}, false); }
+Tensor abs(const Tensor& x) { return unary_op(UnaryOp::Abs, x, {}, true); }
 Tensor pow(const Tensor& a, double exponent) {
-  return unary_op("pow", UnaryOp::PowScalar, a, UnaryParams{exponent, 0.0}, false);
+  return unary_op(UnaryOp::PowScalar, a, UnaryParams{exponent, 0.0}, false);
 }
 
 Tensor clamp(const Tensor& x, std::optional<double> min, std::optional<double> max) {
@@ -130,7 +144,19 @@ Tensor clamp(const Tensor& x, std::optional<double> min, std::optional<double> m
   constexpr double inf = std::numeric_limits<double>::infinity();
   UnaryParams p{min.value_or(-inf), max.value_or(inf)};
   if (min && max && *min > *max) p.p0 = p.p1;  // min(max(x, lo), hi): every element becomes hi
-  return unary_op("clamp", UnaryOp::Clamp, in, p, true);
+  if (is_integral(in.dtype()) && in.dtype() != DType::b8) {
+    // Integer kernels take the bounds saturated to the dtype's range (1e30 on i32 clamps to 2147483647); the kernels
+    // convert them to the element type (Note [Casts]: exact, except 2^63 for i64, which saturates to INT64_MAX).
+    EMBER_DISPATCH_ALL(in.dtype(), "clamp", [&] {
+      if constexpr (std::is_integral_v<scalar_t>) {
+        const double lo = static_cast<double>(std::numeric_limits<scalar_t>::lowest());
+        const double hi = static_cast<double>(std::numeric_limits<scalar_t>::max());  // i64: rounds to 2^63
+        p.p0 = std::fmin(std::fmax(p.p0, lo), hi);
+        p.p1 = std::fmin(std::fmax(p.p1, lo), hi);
+      }
+    });
+  }
+  return unary_op(UnaryOp::Clamp, in, p, true);
 }
 
 Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b) {
@@ -140,7 +166,7 @@ Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b) {
   const Device device = common_device("where", {&cond, &a, &b});
   EMBER_CHECK(cond.dtype() == DType::b8, DTypeError, "where: the condition must be a bool tensor, got ",
               cond.description());
-  const DType ct = promote_types(a.dtype(), b.dtype());
+  const DType ct = result_type(a, b);  // Note [Result type]
   const Shape shape = broadcast_shapes(broadcast_shapes(cond.sizes(), a.sizes(), "where"), b.sizes(), "where");
   Tensor out = empty(shape, {ct, device});
   if (needs_kernel(out))

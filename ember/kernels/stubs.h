@@ -30,10 +30,15 @@ enum class BinaryOp : int8_t {
 };
 inline bool is_comparison(BinaryOp op) { return op >= BinaryOp::Eq; }
 
-// out = op(in); in and out share dtype: floating for every op; also i32/i64/u8 for Neg, Abs, Relu and Clamp.
+// out = op(in); in and out share dtype: floating for every op; also i32/i64/u8 for Neg, Abs, Relu and Clamp
+// (Clamp's p0/p1 arrive saturated to the integer dtype's range; kernels convert them with convert.h).
 using UnaryFn = void (*)(UnaryOp op, UnaryParams params, const Tensor& in, const Tensor& out);
-// out = op(a, b); a, b share dtype (any, including bool for Add/Mul/Maximum/Minimum = or/and/or/and and the
-// comparisons); out has that dtype, or bool for comparisons.
+// out = op(a, b), computed in op_math_t of the operand dtype (float for f16/bf16) with elementwise_math.h.
+// Comparisons (Eq..Ge): a and b share one dtype (any, bool included); out is bool.
+// Arithmetic ops: out has the result dtype (any; bool only for Add/Mul/Maximum/Minimum = or/and/or/and); a and b
+// have out's dtype, except a Scalar operand: a 0-d tensor expanded to out's shape (all strides 0) whose dtype is
+// out's compute dtype (op_math_dtype: f32 for f16/bf16 outputs, else out's dtype). Kernels load each operand with
+// its own dtype into the compute type (Note [Scalar operands] in ops_elementwise.cpp).
 using BinaryFn = void (*)(BinaryOp op, const Tensor& a, const Tensor& b, const Tensor& out);
 // out = cond ? a : b; cond is bool; a, b, out share dtype.
 using WhereFn = void (*)(const Tensor& cond, const Tensor& a, const Tensor& b, const Tensor& out);

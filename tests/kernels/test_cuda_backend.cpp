@@ -57,6 +57,14 @@ Tensor quantized_input(const Shape& shape, double lo, double hi) {
   return from_vector(v, shape);
 }
 
+// [a..., b...] for two 1-d CPU tensors of one dtype (the second converted into the first's dtype by to()).
+Tensor cat_specials(const Tensor& a, const Tensor& b) {
+  Tensor out = empty({a.numel() + b.numel()}, a.dtype());
+  out.slice(0, 0, a.numel()).copy_(a);
+  out.slice(0, a.numel(), a.numel() + b.numel()).copy_(b);
+  return out;
+}
+
 // ---- host-side checks (run everywhere) -------------------------------------------------------------------------
 
 TEST(CudaBackendHost, NoDeviceMeansZeroCountAndAllocationsThrow) {
@@ -197,14 +205,25 @@ TEST_P(CudaBackendTest, StridedBroadcastAndCastCopyOnDevice) {
 }
 
 TEST_P(CudaBackendTest, CastCopyEqualsCpuForEveryDTypePair) {
-  // Signed values only where both dtypes are signed: conversions of negatives to u8 are not portable.
+  // Every cast is defined (Note [Casts] in kernels/convert.h), so the sources include negatives, NaN, +-inf and
+  // values outside every integer range, and both devices must agree bit for bit.
+  constexpr double inf = std::numeric_limits<double>::infinity();
+  const std::vector<double> specials = {std::numeric_limits<double>::quiet_NaN(), inf, -inf, 3e9, -3e9, 1e19, -1e19,
+                                        255.9, -1.5, 300.0, -0.75, 65519.0, 70000.0};
   for (DType from : kAllDTypes) {
     for (DType to : kAllDTypes) {
       SCOPED_TRACE(std::string(dtype_name(from)) + " -> " + dtype_name(to));
       std::vector<double> v = exact_values(257, from);
-      if (from != DType::u8 && to != DType::u8 && from != DType::b8)
+      if (from != DType::u8 && from != DType::b8)
         for (size_t i = 0; i < v.size(); i += 4) v[i] = -v[i] - (is_floating(from) ? 0.25 : 0.0);
-      const Tensor host = from_vector(v, {257}).to(from);
+      Tensor host = from_vector(v, {257}).to(from);
+      if (is_floating(from)) {
+        host = cat_specials(host, from_vector(specials, {static_cast<int64_t>(specials.size())}).to(from));
+      } else if (from != DType::b8) {  // integers just inside and outside the narrower integer ranges
+        const std::vector<int64_t> edges = {-1, 255, 256, -129, 300, (int64_t{1} << 31), -(int64_t{1} << 31) - 1,
+                                            (int64_t{1} << 40) + 7, std::numeric_limits<int64_t>::min()};
+        host = cat_specials(host, from_vector(edges, {static_cast<int64_t>(edges.size())}).to(from));
+      }
       const Tensor expected = host.to(to);  // the CPU kernel is the reference device
       const Tensor actual = host.to(device()).to(to).cpu();
       ASSERT_EQ(actual.dtype(), to);

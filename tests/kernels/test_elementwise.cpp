@@ -1,6 +1,7 @@
 // Tests of the elementwise ops: every unary, binary, comparison and where op against naive float64 references on
-// random, broadcast, non-contiguous, 0-d and empty shapes; integer and promotion cases against hand-computed values;
-// NaN propagation; every error path (shape, dtype, device, missing clamp bounds).
+// random, broadcast, non-contiguous, 0-d and empty shapes; integer (exact pow, wrapping overflow), float-in-float and
+// promotion (0-d tensors by category, scalars in the compute type) cases against hand-computed values; NaN
+// propagation; every error path (shape, dtype, device, missing clamp bounds, the binary kernel's operand contract).
 #include <cmath>
 #include <functional>
 #include <limits>
@@ -493,6 +494,134 @@ TEST_P(ElementwiseTest, DTypePromotionMatchesHandValues) {
   check(cast(hand({3, -4}, DType::i64, dev), DType::f16), DType::f16, {3, -4}, exact, "cast i64 -> f16");
 }
 
+TEST_P(ElementwiseTest, IntegerPowIsExactAndWraps) {
+  EMBER_REQUIRE_KERNEL(binary_stub);
+  const Device dev = device();
+  // 10^10 mod 2^32 = 1410065408 (PyTorch wraps the same way); through double pow it was out of i32's range.
+  EXPECT_EQ(pow(from_vector<int32_t>({10, 2, 3, -2}, {4}).to(dev), from_vector<int32_t>({10, 31, 20, 31}, {4}).to(dev))
+                .to_vector<int64_t>(),
+            (std::vector<int64_t>{1410065408, -2147483648, 3486784401 - 4294967296, -2147483648}));
+  // i64 results above 2^53 are exact: 3^39 = 4052555153018976267 (double pow gives 4052555153018976256).
+  const Tensor b64 = from_vector<int64_t>({3, -3, 7, 2}, {4}).to(dev);
+  const Tensor e64 = from_vector<int64_t>({39, 39, 22, 64}, {4}).to(dev);
+  EXPECT_EQ(pow(b64, e64).to_vector<int64_t>(),
+            (std::vector<int64_t>{4052555153018976267, -4052555153018976267, 3909821048582988049, 0}));
+  // Negative exponents (Note [Integer pow]): 1 for base 1, +-1 for base -1 by parity, 0 for every other base.
+  const Tensor base = from_vector<int32_t>({1, -1, -1, 2, -5, 0, 3}, {7}).to(dev);
+  const Tensor expo = from_vector<int32_t>({-7, -3, -4, -1, -2, -1, 0}, {7}).to(dev);
+  EXPECT_EQ(pow(base, expo).to_vector<int64_t>(), (std::vector<int64_t>{1, -1, 1, 0, 0, 0, 1}));
+  // u8 wraps modulo 256; a broadcast 0-d exponent.
+  const Tensor u8 = from_vector<uint8_t>({2, 3, 255}, {3}).to(dev);
+  EXPECT_EQ(pow(u8, scalar_tensor(9, {DType::u8, dev})).to_vector<int64_t>(),
+            (std::vector<int64_t>{0, 227, 255}));  // 512 % 256, 19683 % 256, 255^9 = -1^9 mod 256
+}
+
+TEST_P(ElementwiseTest, SignedIntegerOverflowWraps) {
+  EMBER_REQUIRE_KERNEL(binary_stub);
+  EMBER_REQUIRE_KERNEL(unary_stub);
+  const Device dev = device();
+  constexpr int32_t kMax32 = std::numeric_limits<int32_t>::max(), kMin32 = std::numeric_limits<int32_t>::min();
+  const Tensor a = from_vector<int32_t>({kMax32, kMin32, 65536, kMax32}, {4}).to(dev);
+  const Tensor b = from_vector<int32_t>({1, 1, 65536, 2}, {4}).to(dev);
+  EXPECT_EQ(add(a, b).to_vector<int32_t>(), (std::vector<int32_t>{kMin32, kMin32 + 1, 131072, kMin32 + 1}));
+  EXPECT_EQ(sub(a, b).to_vector<int32_t>(), (std::vector<int32_t>{kMax32 - 1, kMax32, 0, kMax32 - 2}));
+  EXPECT_EQ(mul(a, b).to_vector<int32_t>(), (std::vector<int32_t>{kMax32, kMin32, 0, -2}));
+  EXPECT_EQ(neg(a).to_vector<int32_t>(), (std::vector<int32_t>{-kMax32, kMin32, -65536, -kMax32}));
+  EXPECT_EQ(abs(a).to_vector<int32_t>(), (std::vector<int32_t>{kMax32, kMin32, 65536, kMax32}));
+  EXPECT_EQ((a + 1).to_vector<int32_t>(), (std::vector<int32_t>{kMin32, kMin32 + 1, 65537, kMin32}));
+  constexpr int64_t kMax64 = std::numeric_limits<int64_t>::max(), kMin64 = std::numeric_limits<int64_t>::min();
+  const Tensor c = from_vector<int64_t>({kMax64, kMin64, int64_t{1} << 32}, {3}).to(dev);
+  const Tensor d = from_vector<int64_t>({1, -1, int64_t{1} << 32}, {3}).to(dev);
+  EXPECT_EQ(add(c, d).to_vector<int64_t>(), (std::vector<int64_t>{kMin64, kMax64, int64_t{1} << 33}));
+  EXPECT_EQ(mul(c, d).to_vector<int64_t>(), (std::vector<int64_t>{kMax64, kMin64, 0}));
+  EXPECT_EQ(neg(c).to_vector<int64_t>(), (std::vector<int64_t>{-kMax64, kMin64, -(int64_t{1} << 32)}));
+  // clamp bounds beyond the dtype saturate (once, in the front end), for u8 too
+  const Tensor u = from_vector<uint8_t>({0, 7, 255}, {3}).to(dev);
+  EXPECT_EQ(clamp(u, -10.0, 300.0).to_vector<int32_t>(), (std::vector<int32_t>{0, 7, 255}));
+  EXPECT_EQ(clamp(u, 300.0, std::nullopt).to_vector<int32_t>(), (std::vector<int32_t>{255, 255, 255}));
+  EXPECT_EQ(clamp(c, -1e30, 1e30).to_vector<int64_t>(), c.to_vector<int64_t>());
+}
+
+TEST_P(ElementwiseTest, FloatOpsComputeInTheirOwnType) {
+  EMBER_REQUIRE_KERNEL(unary_stub);
+  EMBER_REQUIRE_KERNEL(binary_stub);
+  const Device dev = device();
+  // f32 math runs in float on every device: exp(89) overflows float, so sigmoid(-89) is exactly 0 and silu(-89) is
+  // -0 (computed in double they would be 2.2e-39 and -2e-37, representable in f32). In f64 they are not 0.
+  const Tensor x = from_vector<float>({-89.0f, -100.0f}, {2}).to(dev);
+  EXPECT_EQ(sigmoid(x).to_vector<float>(), (std::vector<float>{0.0f, 0.0f}));
+  EXPECT_EQ(silu(x).to_vector<float>(), (std::vector<float>{0.0f, 0.0f}));
+  EXPECT_EQ(exp(from_vector<float>({89.0f}, {1}).to(dev)).to_vector<float>()[0], kInf);
+  const double s64 = sigmoid(from_vector<double>({-89.0}, {1}).to(dev)).to_vector<double>()[0];
+  EXPECT_NEAR(s64 / std::exp(-89.0), 1.0, 1e-12);
+  // pow on f32 gives float results at both ends of float's range.
+  EXPECT_EQ(pow(from_vector<float>({2.0f}, {1}).to(dev), 128.0).to_vector<float>()[0], kInf);
+  EXPECT_EQ(pow(from_vector<float>({2.0f}, {1}).to(dev), from_vector<float>({-149.0f}, {1}).to(dev))
+                .to_vector<double>()[0],
+            std::ldexp(1.0, -149));
+}
+
+TEST_P(ElementwiseTest, ZeroDimTensorsPromoteByCategory) {
+  EMBER_REQUIRE_KERNEL(binary_stub);
+  EMBER_REQUIRE_KERNEL(where_stub);
+  const Device dev = device();
+  const auto check = [](const Tensor& out, DType want, const std::vector<double>& expected, const char* what) {
+    SCOPED_TRACE(what);
+    EXPECT_EQ(out.dtype(), want);
+    EXPECT_EQ(out.to_vector<double>(), expected);
+  };
+  check(add(zeros({3}, {DType::f16, dev}), scalar_tensor(1.0, {DType::f32, dev})), DType::f16, {1, 1, 1},
+        "f16[3] + f32 0-d -> f16");
+  check(add(scalar_tensor(1.0, {DType::f64, dev}), full({2}, 0.5, {DType::bf16, dev})), DType::bf16, {1.5, 1.5},
+        "f64 0-d + bf16[2] -> bf16");
+  check(add(full({3}, 2, {DType::i32, dev}), scalar_tensor(5, {DType::i64, dev})), DType::i32, {7, 7, 7},
+        "i32[3] + i64 0-d -> i32");
+  check(add(full({3}, 2, {DType::i32, dev}), scalar_tensor(0.5, {DType::f32, dev})), DType::f32, {2.5, 2.5, 2.5},
+        "i32[3] + f32 0-d -> f32");
+  check(mul(full({2}, 3, {DType::u8, dev}), scalar_tensor(0.5, {DType::f16, dev})), DType::f16, {1.5, 1.5},
+        "u8[2] * f16 0-d -> f16");
+  check(add(from_vector<bool>({true, false}, {2}).to(dev), scalar_tensor(3, {DType::i64, dev})), DType::i64, {4, 3},
+        "bool[2] + i64 0-d -> i64");
+  check(add(from_vector<bool>({true, false}, {2}).to(dev), scalar_tensor(true, {DType::b8, dev})), DType::b8, {1, 1},
+        "bool[2] + bool 0-d -> bool");
+  check(add(scalar_tensor(1.5, {DType::f16, dev}), scalar_tensor(0.25, {DType::f32, dev})), DType::f32, {1.75},
+        "two 0-d tensors promote normally");
+  check(add(full({1}, 1.5, {DType::f16, dev}), full({1}, 0.25, {DType::f32, dev})), DType::f32, {1.75},
+        "two 1-d tensors promote normally");
+  check(maximum(full({2}, 1, {DType::i64, dev}), scalar_tensor(4, {DType::i32, dev})), DType::i64, {4, 4},
+        "maximum(i64[2], i32 0-d) -> i64");
+  // The 0-d operand is cast to the result dtype first: f16(0.1) == f16(0.1), although 0.1f > f16(0.1).
+  check(lt(full({1}, 0.1, {DType::f16, dev}), scalar_tensor(0.1, {DType::f32, dev})), DType::b8, {0},
+        "lt(f16[1], f32 0-d) compares in f16");
+  check(where(from_vector<bool>({true, false}, {2}).to(dev), full({2}, 0.5, {DType::f16, dev}),
+              scalar_tensor(2.0, {DType::f64, dev})),
+        DType::f16, {0.5, 2}, "where(f16[2], f64 0-d) -> f16");
+}
+
+TEST_P(ElementwiseTest, ScalarOperandsKeepTheirValueInTheComputeType) {
+  EMBER_REQUIRE_KERNEL(binary_stub);
+  const Device dev = device();
+  // 100000 is inf in f16 and 1e-8 is 0 in f16: rounded to the tensor's dtype first they gave 0.
+  const Tensor q = full({1}, 60000, {DType::f16, dev}) / 100000.0;
+  EXPECT_EQ(q.dtype(), DType::f16);
+  EXPECT_NEAR(q.to_vector<double>()[0], 0.6, 0.6 * 1e-3);
+  const Tensor m = full({1}, 1000, {DType::f16, dev}) * 1e-8;
+  EXPECT_EQ(m.dtype(), DType::f16);
+  EXPECT_NEAR(m.to_vector<double>()[0], 1e-5, 1e-5 * 1e-2);
+  const Tensor s = full({2}, 1, {DType::f16, dev}) - 65520.0;  // 1 - 65520 = -65519 -> f16 -65504
+  EXPECT_EQ(s.to_vector<double>(), (std::vector<double>{-65504, -65504}));
+  // Integer tensors: a floating scalar gives f32, an integer scalar keeps the dtype exactly (i64 beyond 2^53).
+  EXPECT_EQ((full({1}, 7, {DType::i32, dev}) / 2).to_vector<double>(), (std::vector<double>{3.5}));
+  EXPECT_EQ((full({1}, 7, {DType::i32, dev}) * 0.5).dtype(), DType::f32);
+  EXPECT_EQ((full({1}, 1, {DType::i64, dev}) + ((int64_t{1} << 53) + 1)).to_vector<int64_t>(),
+            (std::vector<int64_t>{(int64_t{1} << 53) + 2}));
+  // A scalar operand on a non-contiguous tensor.
+  const Tensor t = full({3, 2}, 60000, {DType::f16, dev}).t();
+  const std::vector<double> r = div(t, 100000.0).to_vector<double>();
+  ASSERT_EQ(r.size(), 6u);
+  for (double v : r) EXPECT_NEAR(v, 0.6, 0.6 * 1e-3);
+}
+
 TEST_P(ElementwiseTest, OutputIsFreshAndContiguous) {
   EMBER_REQUIRE_KERNEL(binary_stub);
   const Tensor a = rand_input({4, 6}).t().to(device());
@@ -607,6 +736,22 @@ TEST(ElementwiseErrors, DeviceMismatchThrowsDeviceError) {
   expect_error<DeviceError>([&] { lt(cpu, meta); }, "lt");
   expect_error<DeviceError>([&] { where(zeros({3}, {DType::b8}), meta, cpu); }, "where");
   expect_error<DeviceError>([&] { where(empty({3}, {DType::b8, Device::meta()}), cpu, cpu); }, "where");
+}
+
+TEST(ElementwiseErrors, BinaryKernelRejectsOperandsOutsideItsContract) {
+  // Arithmetic operands must have the output's dtype or (a scalar operand) its compute dtype; comparisons one dtype.
+  const auto kernel = binary_stub.get(DeviceType::CPU);
+  const Tensor i32 = zeros({2}, DType::i32), f16 = zeros({2}, DType::f16), f32 = zeros({2}, DType::f32);
+  const Tensor f64 = zeros({2}, DType::f64);
+  expect_error<DTypeError>([&] { kernel(BinaryOp::Add, i32, f64, empty({2}, DType::i32)); }, "add");
+  expect_error<DTypeError>([&] { kernel(BinaryOp::Mul, f64, f16, empty({2}, DType::f16)); }, "f64");
+  expect_error<DTypeError>([&] { kernel(BinaryOp::Lt, f16, f32, empty({2}, DType::b8)); }, "lt");
+  // An f16 output with an f32 (compute dtype) operand is accepted and computed in float: 1 + 2^-11 + 2^-11 in f16.
+  Tensor out = empty({2}, DType::f16);
+  kernel(BinaryOp::Add, full({2}, 1.0, DType::f16), scalar_tensor(std::ldexp(1.0, -11), DType::f32).expand({2}), out);
+  EXPECT_EQ(out.to_vector<double>(), (std::vector<double>{1.0, 1.0}));  // 1 + 2^-11 ties to even
+  kernel(BinaryOp::Add, full({2}, 1.0, DType::f16), scalar_tensor(0.00073, DType::f32).expand({2}), out);
+  EXPECT_EQ(out.to_vector<double>(), (std::vector<double>{1.0 + std::ldexp(1.0, -10), 1.0 + std::ldexp(1.0, -10)}));
 }
 
 TEST(ElementwiseErrors, ClampWithoutBoundsAndUndefinedInputsThrowValueError) {

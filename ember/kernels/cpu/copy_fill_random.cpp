@@ -1,4 +1,5 @@
 // CPU kernels behind core's stubs: strided copy with dtype cast, fill, arange, and Philox uniform/normal draws.
+// Invariant: every cast and fill value follows Note [Casts] (kernels/convert.h), as the CUDA kernels do.
 #include <cstring>
 
 #include "ember/core/core_stubs.h"
@@ -23,10 +24,7 @@ void copy_kernel(const Tensor& src, const Tensor& dst) {
 
 void fill_kernel(const Tensor& dst, Scalar value) {
   EMBER_DISPATCH_ALL(dst.dtype(), "fill", [&] {
-    scalar_t v;
-    if constexpr (std::is_same_v<scalar_t, bool>) v = value.to_double() != 0.0;
-    else if constexpr (std::is_integral_v<scalar_t>) v = static_cast<scalar_t>(value.to_int());
-    else v = scalar_t(static_cast<op_math_t<scalar_t>>(value.to_double()));
+    const scalar_t v = convert_scalar<scalar_t>(value);
     map_elements<scalar_t>(dst, {}, [v]() { return v; });
   });
 }
@@ -51,9 +49,10 @@ void random_kernel(const Tensor& dst, RandomKind kind, double a, double b, uint6
     const int64_t n = dst.numel();
     using acc_t = op_math_t<scalar_t>;
     if (kind == RandomKind::Uniform) {
+      const acc_t low = static_cast<acc_t>(a), high = static_cast<acc_t>(b);
       for (int64_t i = 0; i < n; ++i) {
         const acc_t u = static_cast<acc_t>(philox_uniform_element(seed, offset, static_cast<uint64_t>(i)));
-        p[i] = scalar_t(static_cast<acc_t>(a) + (static_cast<acc_t>(b) - static_cast<acc_t>(a)) * u);
+        p[i] = uniform_store<scalar_t>(low + (high - low) * u, low, high);  // Note [Uniform upper bound]
       }
     } else {
       for (int64_t i = 0; i < n; ++i) {

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "ember/core/tensor.h"
+#include "ember/kernels/convert.h"
 
 namespace ember::kernels::cpu {
 
@@ -91,16 +92,7 @@ void map_elements(const Tensor& out, const std::array<Tensor, sizeof...(In)>& in
   });
 }
 
-// Converts between storage types through their compute types (bool: x != 0).
-template <class To, class From>
-inline To convert(From v) {
-  if constexpr (std::is_same_v<To, bool>) {
-    return static_cast<op_math_t<From>>(v) != op_math_t<From>(0);
-  } else if constexpr (std::is_same_v<To, Half> || std::is_same_v<To, BFloat16>) {
-    return To(static_cast<float>(static_cast<op_math_t<From>>(v)));
-  } else {
-    return static_cast<To>(static_cast<op_math_t<From>>(v));
-  }
-}
+// Converts between storage types: the one cast of Note [Casts] (kernels/convert.h), shared with the CUDA kernels.
+using ::ember::kernels::convert;
 
 }  // namespace ember::kernels::cpu

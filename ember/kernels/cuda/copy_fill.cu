@@ -1,7 +1,8 @@
 // CUDA kernels behind core's stubs (core_stubs.h): strided copy with dtype cast, fill, arange and Philox draws.
-// Invariant: results equal the CPU kernels' (kernels/cpu/copy_fill_random.cpp) bit for bit: casts go through the
-// source's op_math type as cpu::convert does, arange and random math is done without FMA contraction, and draws
-// follow Note [Philox stream] in core/philox.h. Dtypes are runtime arguments, so few kernels are instantiated.
+// Invariant: results equal the CPU kernels' (kernels/cpu/copy_fill_random.cpp) bit for bit: casts and fill values
+// follow Note [Casts] (kernels/convert.h, the code the CPU uses), arange and random math is done without FMA
+// contraction, and draws follow Note [Philox stream] (core/philox.h) and Note [Uniform upper bound] (convert.h).
+// Dtypes are runtime arguments, so few kernels are instantiated.
 #include <cstring>
 #include <type_traits>
 
@@ -9,6 +10,7 @@
 #include "ember/core/core_stubs.h"
 #include "ember/core/philox.h"
 #include "ember/kernels/cuda/stream.h"
+#include "ember/kernels/convert.h"
 #include "ember/kernels/cuda/tensor_iter.cuh"
 
 namespace ember::kernels::cuda {
@@ -45,16 +47,10 @@ __device__ __forceinline__ Value load_value(const void* base, DType dt, int64_t 
   return {0.0, 0, false};
 }
 
-// cpu::convert<To>: through the source's compute type; bool is x != 0; f16/bf16 are rounded from float.
+// Note [Casts] (kernels/convert.h): the widened value (double or int64, both exact) converts as the typed source would.
 template <class To>
 __device__ __forceinline__ To cast_value(const Value& v) {
-  if constexpr (std::is_same_v<To, bool>) {
-    return v.is_float ? v.f != 0.0 : v.i != 0;
-  } else if constexpr (std::is_same_v<To, Half> || std::is_same_v<To, BFloat16>) {
-    return To(v.is_float ? static_cast<float>(v.f) : static_cast<float>(v.i));
-  } else {
-    return v.is_float ? static_cast<To>(v.f) : static_cast<To>(v.i);
-  }
+  return v.is_float ? convert<To>(v.f) : convert<To>(v.i);
 }
 
 __device__ __forceinline__ void store_value(void* base, DType dt, int64_t off, const Value& v) {
@@ -127,13 +123,15 @@ __global__ void random_kernel(void* dst, DType dtype, bool normal, double a, dou
     if (dtype == DType::f64) {
       const double v = normal ? __dadd_rn(a, __dmul_rn(b, static_cast<double>(r)))
                               : __dadd_rn(a, __dmul_rn(span, static_cast<double>(r)));
-      static_cast<double*>(dst)[i] = v;
+      static_cast<double*>(dst)[i] = normal ? v : uniform_store<double>(v, a, b);
     } else {
       const float v = normal ? __fadd_rn(af, __fmul_rn(bf, r)) : __fadd_rn(af, __fmul_rn(spanf, r));
-      switch (dtype) {
-        case DType::f32: static_cast<float*>(dst)[i] = v; break;
-        case DType::f16: static_cast<Half*>(dst)[i] = Half(v); break;
-        case DType::bf16: static_cast<BFloat16*>(dst)[i] = BFloat16(v); break;
+      switch (dtype) {  // Note [Uniform upper bound] for uniform draws
+        case DType::f32: static_cast<float*>(dst)[i] = normal ? v : uniform_store<float>(v, af, bf); break;
+        case DType::f16: static_cast<Half*>(dst)[i] = normal ? Half(v) : uniform_store<Half>(v, af, bf); break;
+        case DType::bf16:
+          static_cast<BFloat16*>(dst)[i] = normal ? BFloat16(v) : uniform_store<BFloat16>(v, af, bf);
+          break;
         default: break;
       }
     }
@@ -206,13 +204,10 @@ void copy_cuda(const Tensor& src, const Tensor& dst) {
 void fill_cuda(const Tensor& dst, Scalar value) {
   check_on_cuda("fill", dst);
   if (dst.numel() == 0) return;
-  // The value is converted on the host exactly as the CPU fill kernel converts it, then written as raw bits.
+  // The value is converted on the host as the CPU fill kernel converts it (Note [Casts]), then written as raw bits.
   alignas(8) unsigned char bits[8] = {};
   EMBER_DISPATCH_ALL(dst.dtype(), "fill", [&] {
-    scalar_t v;
-    if constexpr (std::is_same_v<scalar_t, bool>) v = value.to_double() != 0.0;
-    else if constexpr (std::is_integral_v<scalar_t>) v = static_cast<scalar_t>(value.to_int());
-    else v = scalar_t(static_cast<op_math_t<scalar_t>>(value.to_double()));
+    const scalar_t v = convert_scalar<scalar_t>(value);
     std::memcpy(bits, &v, sizeof v);
   });
   const int device = dst.device().index;
