@@ -6,9 +6,10 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstddef>
 #include <cstdio>
 #include <cstring>
-#include <memory_resource>
+#include <memory>
 #include <set>
 #include <unordered_map>
 #include <sstream>
@@ -40,21 +41,77 @@ struct Block {
   TagId tag = kUntagged;
 };
 
+struct FitKey {  // what a request looks for: the smallest block of at least `size` on `stream`
+  StreamId stream;
+  int64_t size;
+};
+
 struct BlockOrder {  // best fit keyed on (stream, size, address)
+  using is_transparent = void;
   bool operator()(const Block* a, const Block* b) const {
     if (a->stream != b->stream) return a->stream < b->stream;
     if (a->size != b->size) return a->size < b->size;
     return a->ptr < b->ptr;
   }
+  bool operator()(const Block* a, const FitKey& k) const {
+    return a->stream != k.stream ? a->stream < k.stream : a->size < k.size;
+  }
+  bool operator()(const FitKey& k, const Block* b) const {
+    return k.stream != b->stream ? k.stream < b->stream : k.size < b->size;
+  }
 };
 
-// Pool and map nodes come from the allocator's own unsynchronised pool resource (guarded by its mutex), so the
-// hot path of a cached alloc/free pair makes no system allocation.
+// Node memory for the pools and the active map: fixed-size nodes recycled through free lists, so the hot path of a
+// cached alloc/free pair makes no system allocation. Used only under the allocator's mutex.
+class NodeArena {
+ public:
+  void* get(size_t bytes) {
+    std::vector<void*>& list = free_[slot(bytes)];
+    if (!list.empty()) {
+      void* p = list.back();
+      list.pop_back();
+      return p;
+    }
+    chunks_.push_back(std::make_unique<std::max_align_t[]>((bytes + sizeof(std::max_align_t) - 1) /
+                                                            sizeof(std::max_align_t)));
+    return chunks_.back().get();
+  }
+  void put(void* p, size_t bytes) { free_[slot(bytes)].push_back(p); }
+  static constexpr size_t kMaxNode = 128;
+
+ private:
+  static size_t slot(size_t bytes) { return (bytes + 7) / 8; }
+  std::vector<void*> free_[kMaxNode / 8 + 1];
+  std::vector<std::unique_ptr<std::max_align_t[]>> chunks_;
+};
+
+template <class T>
+struct ArenaAllocator {
+  using value_type = T;
+  NodeArena* arena;
+  explicit ArenaAllocator(NodeArena* a) : arena(a) {}
+  template <class U>
+  ArenaAllocator(const ArenaAllocator<U>& o) : arena(o.arena) {}
+  T* allocate(size_t n) {
+    if (n == 1 && sizeof(T) <= NodeArena::kMaxNode) return static_cast<T*>(arena->get(sizeof(T)));
+    return static_cast<T*>(::operator new(n * sizeof(T)));
+  }
+  void deallocate(T* p, size_t n) {
+    if (n == 1 && sizeof(T) <= NodeArena::kMaxNode) arena->put(p, sizeof(T));
+    else ::operator delete(p);
+  }
+  template <class U>
+  bool operator==(const ArenaAllocator<U>& o) const { return arena == o.arena; }
+};
+
 struct BlockPool {
-  explicit BlockPool(std::pmr::memory_resource* r) : blocks(r) {}
-  std::pmr::set<Block*, BlockOrder> blocks;
+  explicit BlockPool(NodeArena* a) : blocks(BlockOrder(), ArenaAllocator<Block*>(a)) {}
+  std::set<Block*, BlockOrder, ArenaAllocator<Block*>> blocks;
   bool is_small = false;
 };
+
+using ActiveMap = std::unordered_map<void*, Block*, std::hash<void*>, std::equal_to<void*>,
+                                     ArenaAllocator<std::pair<void* const, Block*>>>;
 
 struct Segment {
   bool counted_oversize = false;  // counted in stats.oversize_segments (kept in step as the segment grows/shrinks)
@@ -94,10 +151,11 @@ struct CachingAllocator::Impl {
   Backing& backing;
   AllocatorConfig config;
   mutable std::mutex mutex;
-  std::pmr::unsynchronized_pool_resource node_resource;
-  BlockPool small_pool{&node_resource}, large_pool{&node_resource};
-  std::vector<Segment*> segments;                 // address order is not required; segment lookup is via blocks
-  std::pmr::unordered_map<void*, Block*> active{&node_resource};  // user pointer -> allocated block
+  NodeArena arena;
+  BlockPool small_pool{&arena}, large_pool{&arena};
+  std::vector<Segment*> segments;  // address order is not required; segment lookup is via blocks
+  ActiveMap active{64, std::hash<void*>(), std::equal_to<void*>(),
+                   ArenaAllocator<std::pair<void* const, Block*>>(&arena)};  // user pointer -> allocated block
   std::vector<std::pair<EventId, Block*>> events; // outstanding cross-stream events, in record order
   DeviceStats stats;
   int64_t peak_active_bytes_since_reset = 0, peak_reserved_bytes_since_reset = 0;
@@ -364,11 +422,7 @@ struct CachingAllocator::Impl {
 
   // ---- the pool ------------------------------------------------------------------------------------------------
   Block* get_free_block(BlockPool& pool, int64_t size, StreamId stream) {
-    Block key;
-    key.stream = stream;
-    key.size = size;
-    key.ptr = nullptr;
-    auto it = pool.blocks.lower_bound(&key);
+    auto it = pool.blocks.lower_bound(FitKey{stream, size});
     if (it == pool.blocks.end() || (*it)->stream != stream) return nullptr;
     Block* b = *it;
     // Oversize blocks (>= max_split_size) serve only large requests within kLargeBuffer of their size. Blocks of
