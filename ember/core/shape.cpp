@@ -22,7 +22,10 @@ Shape contiguous_strides(const Shape& s) {
   int64_t acc = 1;
   for (int64_t i = static_cast<int64_t>(s.size()) - 1; i >= 0; --i) {
     st[i] = acc;
-    acc *= s[i] > 1 ? s[i] : 1;
+    // The outermost stride never needs the product past it; only a product that is used must fit in int64.
+    if (i > 0)
+      EMBER_CHECK(!__builtin_mul_overflow(acc, s[i] > 1 ? s[i] : 1, &acc), ShapeError, "shape ", shape_str(s),
+                  " has more elements than int64 can count");
   }
   return st;
 }
