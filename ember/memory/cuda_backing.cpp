@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "ember/base/cuda_check.h"
+#include "ember/memory/cuda_scoped.h"
 #include "ember/base/error.h"
 #include "ember/memory/alloc_config.h"
 #include "ember/memory/cuda_device.h"
@@ -97,26 +98,9 @@ namespace ember::memory {
 
 namespace {
 
-// Makes `device` current for the scope and restores the caller's device afterwards.
-class ScopedDevice {
- public:
-  explicit ScopedDevice(int device) {
-    EMBER_CUDA_CHECK(cudaGetDevice(&previous_));
-    if (previous_ != device) EMBER_CUDA_CHECK(cudaSetDevice(device));
-    changed_ = previous_ != device;
-  }
-  ~ScopedDevice() {
-    if (changed_) (void)cudaSetDevice(previous_);
-  }
-  ScopedDevice(const ScopedDevice&) = delete;
-  ScopedDevice& operator=(const ScopedDevice&) = delete;
+using cuda::ScopedDevice;
+using cuda::to_stream;
 
- private:
-  int previous_ = 0;
-  bool changed_ = false;
-};
-
-cudaStream_t to_stream(StreamId id) { return reinterpret_cast<cudaStream_t>(static_cast<uintptr_t>(id)); }
 
 int64_t round_up(int64_t n, int64_t m) { return (n + m - 1) / m * m; }
 

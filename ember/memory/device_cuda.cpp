@@ -10,6 +10,7 @@
 
 #if defined(EMBER_WITH_CUDA)
 #include "ember/base/cuda_check.h"
+#include "ember/memory/cuda_scoped.h"
 #include "ember/memory/caching_allocator.h"
 #include "ember/memory/cuda_backing.h"
 #endif
@@ -33,20 +34,6 @@ int device_count() {
 
 namespace {
 
-// Makes `device` current for the scope and restores the caller's device afterwards.
-class ScopedDevice {
- public:
-  explicit ScopedDevice(int device) {
-    EMBER_CUDA_CHECK(cudaGetDevice(&previous_));
-    if (previous_ != device) EMBER_CUDA_CHECK(cudaSetDevice(device));
-  }
-  ~ScopedDevice() { (void)cudaSetDevice(previous_); }
-  ScopedDevice(const ScopedDevice&) = delete;
-  ScopedDevice& operator=(const ScopedDevice&) = delete;
-
- private:
-  int previous_ = 0;
-};
 
 void check_device(int device) {
   EMBER_CHECK(device >= 0 && device < device_count(), DeviceError, "cuda:", device, " is not available (",

@@ -15,6 +15,7 @@
 
 #if defined(EMBER_WITH_CUDA)
 #include "ember/base/cuda_check.h"
+#include "ember/memory/cuda_scoped.h"
 #endif
 
 namespace ember::memory {
@@ -26,26 +27,8 @@ constexpr int kNumBins = 63;  // block sizes 2^0 .. 2^62
 
 #if defined(EMBER_WITH_CUDA)
 
-// Makes `device` current for the scope and restores the caller's device afterwards.
-class ScopedDevice {
- public:
-  explicit ScopedDevice(int device) {
-    EMBER_CUDA_CHECK(cudaGetDevice(&previous_));
-    changed_ = previous_ != device;
-    if (changed_) EMBER_CUDA_CHECK(cudaSetDevice(device));
-  }
-  ~ScopedDevice() {
-    if (changed_) (void)cudaSetDevice(previous_);
-  }
-  ScopedDevice(const ScopedDevice&) = delete;
-  ScopedDevice& operator=(const ScopedDevice&) = delete;
-
- private:
-  int previous_ = 0;
-  bool changed_ = false;
-};
-
-cudaStream_t to_stream(StreamId id) { return reinterpret_cast<cudaStream_t>(static_cast<uintptr_t>(id)); }
+using cuda::ScopedDevice;
+using cuda::to_stream;
 
 struct PooledEvent {
   int device = 0;

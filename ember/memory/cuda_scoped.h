@@ -1,0 +1,36 @@
+// Small CUDA helpers shared by the memory layer's CUDA code (include only where EMBER_WITH_CUDA is defined):
+// a scope guard for the current device and the StreamId <-> cudaStream_t mapping.
+// Invariant: ScopedDevice restores the caller's device on every exit path and never throws from its destructor.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "ember/base/cuda_check.h"
+#include "ember/memory/allocator.h"
+
+namespace ember::memory::cuda {
+
+// Makes `device` current for the scope and restores the caller's device afterwards.
+class ScopedDevice {
+ public:
+  explicit ScopedDevice(int device) {
+    EMBER_CUDA_CHECK(cudaGetDevice(&previous_));
+    changed_ = previous_ != device;
+    if (changed_) EMBER_CUDA_CHECK(cudaSetDevice(device));
+  }
+  ~ScopedDevice() {
+    if (changed_) (void)cudaSetDevice(previous_);
+  }
+  ScopedDevice(const ScopedDevice&) = delete;
+  ScopedDevice& operator=(const ScopedDevice&) = delete;
+
+ private:
+  int previous_ = 0;
+  bool changed_ = false;
+};
+
+inline cudaStream_t to_stream(StreamId id) { return reinterpret_cast<cudaStream_t>(static_cast<uintptr_t>(id)); }
+
+}  // namespace ember::memory::cuda
