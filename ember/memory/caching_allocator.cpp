@@ -116,8 +116,10 @@ using ActiveMap = std::unordered_map<void*, Block*, std::hash<void*>, std::equal
 struct Segment {
   bool counted_oversize = false;  // counted in stats.oversize_segments (kept in step as the segment grows/shrinks)
   char* base = nullptr;
-  int64_t size = 0;     // bytes held from the backing (mapped bytes for expandable segments)
+  int64_t size = 0;            // bytes held from the backing (mapped bytes for expandable segments)
+  int64_t extent = 0;          // bytes tiled by the blocks (== size for fixed segments)
   int64_t reserved_range = 0;  // expandable: virtual range size
+  std::vector<uint8_t> page_mapped;  // expandable: one entry per page of [base, base + extent)
   bool expandable = false;
   bool is_small = false;
   StreamId stream = 0;
@@ -273,31 +275,41 @@ struct CachingAllocator::Impl {
   }
 
   // ---- segments -----------------------------------------------------------------------------------------------
+  // Note [Expandable segments]: an expandable segment is a reserved virtual range whose blocks tile
+  // [base, base + extent); extent grows page by page at the end. Pages are mapped when a block that overlaps them is
+  // allocated and stay mapped while cached; releasing the cache unmaps every page that lies wholly inside a free
+  // block (holes in the middle too), so reserved memory is exactly the mapped pages. The pool lookup does not care
+  // whether a free block is mapped: holes are reused before the segment grows.
   Segment* add_segment(char* base, int64_t size, bool is_small, StreamId stream, bool expandable, int64_t range) {
-    auto* seg = new Segment();
+    auto seg = std::make_unique<Segment>();
     seg->base = base;
-    seg->size = size;
+    seg->size = expandable ? 0 : size;
+    seg->extent = size;
     seg->reserved_range = range;
     seg->expandable = expandable;
     seg->is_small = is_small;
     seg->stream = stream;
+    if (expandable) seg->page_mapped.assign(static_cast<size_t>(size / backing.page_size()), 0);
     Block* b = new_block();
     b->ptr = base;
     b->size = size;
     b->stream = stream;
     b->pool = is_small ? &small_pool : &large_pool;
-    b->segment = seg;
+    b->segment = seg.get();
     seg->head = b;
-    segments.push_back(seg);
+    segments.push_back(seg.get());
+    Segment* out = seg.release();
     for_pools(is_small, [&](int p) {
       stats.segment[p].increase(1);
-      stats.reserved_bytes[p].increase(size);
+      stats.reserved_bytes[p].increase(out->size);
     });
-    update_oversize(seg);
-    ++stats.num_device_alloc;
-    note_active_peak();
-    record(expandable ? TraceAction::SegmentMap : TraceAction::SegmentAlloc, 0, size, size, base, stream, kUntagged);
-    return seg;
+    update_oversize(out);
+    if (!expandable) {
+      ++stats.num_device_alloc;
+      note_active_peak();
+      record(TraceAction::SegmentAlloc, 0, size, size, base, stream, kUntagged);
+    }
+    return out;
   }
 
   // Obtains a new segment able to hold `size` bytes; returns its single free block (not in a pool), or nullptr.
@@ -306,91 +318,174 @@ struct CachingAllocator::Impl {
     if (stats.reserved_bytes[kAggregatePool].current + seg_size > allowed()) return nullptr;
     void* p = backing.malloc(seg_size);
     if (p == nullptr) return nullptr;
-    return add_segment(static_cast<char*>(p), seg_size, is_small, stream, false, seg_size)->head;
+    try {
+      return add_segment(static_cast<char*>(p), seg_size, is_small, stream, false, seg_size)->head;
+    } catch (...) {
+      backing.free(p, seg_size);
+      throw;
+    }
   }
 
-  // Expandable: grows the (stream, pool) segment so that its trailing free block holds `size`; returns that block
-  // (removed from its pool), or nullptr when the backing has no room.
+  // Maps the unmapped pages of `seg` that overlap [ptr, ptr + len). False (nothing left mapped by this call) when
+  // the allowed memory or the device has no room.
+  bool map_pages(Segment* seg, const char* ptr, int64_t len) {
+    const int64_t page = backing.page_size();
+    const int64_t first = (ptr - seg->base) / page, last = (ptr - seg->base + len - 1) / page;
+    std::vector<std::pair<int64_t, int64_t>> done;  // page runs mapped here, for rollback
+    auto rollback = [&] {
+      for (auto [p0, n] : done) {
+        backing.unmap(seg->base + p0 * page, n * page);
+        for (int64_t q = p0; q < p0 + n; ++q) seg->page_mapped[q] = 0;
+      }
+    };
+    int64_t added = 0;
+    for (int64_t p0 = first; p0 <= last;) {
+      if (seg->page_mapped[p0]) {
+        ++p0;
+        continue;
+      }
+      int64_t n = 1;
+      while (p0 + n <= last && !seg->page_mapped[p0 + n]) ++n;
+      const bool room = stats.reserved_bytes[kAggregatePool].current + added + n * page <= allowed();
+      bool ok = false;
+      try {
+        ok = room && backing.map(seg->base + p0 * page, n * page);
+      } catch (...) {
+        rollback();
+        throw;
+      }
+      if (!ok) {
+        rollback();
+        return false;
+      }
+      for (int64_t q = p0; q < p0 + n; ++q) seg->page_mapped[q] = 1;
+      done.emplace_back(p0, n);
+      added += n * page;
+      p0 += n;
+    }
+    if (added == 0) return true;
+    seg->size += added;
+    for_pools(seg->is_small, [&](int p) { stats.reserved_bytes[p].increase(added); });
+    ++stats.num_device_alloc;
+    update_oversize(seg);
+    note_active_peak();
+    for (auto [p0, n] : done)
+      record(TraceAction::SegmentMap, 0, n * page, n * page, seg->base + p0 * page, seg->stream, kUntagged);
+    return true;
+  }
+
+  // Unmaps the mapped pages lying wholly inside the free block b; returns the bytes released.
+  int64_t unmap_free_pages(Block* b) {
+    Segment* seg = b->segment;
+    const int64_t page = backing.page_size();
+    const int64_t first = round_up(b->ptr - seg->base, page) / page;
+    const int64_t end = (b->ptr - seg->base + b->size) / page;  // exclusive
+    int64_t released = 0;
+    for (int64_t p0 = first; p0 < end;) {
+      if (!seg->page_mapped[p0]) {
+        ++p0;
+        continue;
+      }
+      int64_t n = 1;
+      while (p0 + n < end && seg->page_mapped[p0 + n]) ++n;
+      backing.unmap(seg->base + p0 * page, n * page);  // bookkeeping follows only once the device agreed
+      for (int64_t q = p0; q < p0 + n; ++q) seg->page_mapped[q] = 0;
+      seg->size -= n * page;
+      released += n * page;
+      for_pools(seg->is_small, [&](int p) { stats.reserved_bytes[p].decrease(n * page); });
+      ++stats.num_device_free;
+      record(TraceAction::SegmentUnmap, 0, n * page, n * page, seg->base + p0 * page, seg->stream, kUntagged);
+      p0 += n;
+    }
+    if (released > 0) update_oversize(seg);
+    return released;
+  }
+
+  // Expandable: a free block of at least `size` at the end of a (stream, pool) segment, grown by whole pages if
+  // needed (nothing is mapped here: see map_pages). Removed from its pool. nullptr when no range can hold it.
   Block* expand_segment(int64_t size, bool is_small, StreamId stream) {
     Segment* seg = nullptr;
     for (Segment* s : segments)
       if (s->expandable && s->is_small == is_small && s->stream == stream) seg = s;
     const int64_t page = backing.page_size();
-    if (seg == nullptr) {
-      const int64_t cap = allowed() == kNoLimit ? backing.capacity() : allowed();
-      const int64_t range = round_up(cap == kNoLimit ? (int64_t{1} << 40) : cap, page);
-      void* base = backing.reserve_range(range);
-      if (base == nullptr) return nullptr;
-      const int64_t first = round_up(size, page);
-      if (stats.reserved_bytes[kAggregatePool].current + first > allowed() || !backing.map(base, first)) {
-        backing.release_range(base, range);
-        return nullptr;
+    Block* last = nullptr;
+    if (seg != nullptr) {
+      last = seg->head;
+      while (last->next != nullptr) last = last->next;
+      const int64_t have = last->allocated ? 0 : last->size;
+      if (have >= size) {  // the tail already fits (it was only passed over by the pool's oversize rule)
+        last->pool->blocks.erase(last);
+        return last;
       }
-      return add_segment(static_cast<char*>(base), first, is_small, stream, true, range)->head;
+      const int64_t grow = round_up(size - have, page);
+      if (seg->extent + grow > seg->reserved_range) seg = nullptr;  // range full: start another segment
+      else {
+        seg->extent += grow;
+        seg->page_mapped.resize(static_cast<size_t>(seg->extent / page), 0);
+        if (!last->allocated) {
+          last->pool->blocks.erase(last);
+          add_inactive(last, -1);
+          last->size += grow;
+          add_inactive(last, +1);
+          return last;
+        }
+        Block* b = new_block();
+        b->ptr = seg->base + (seg->extent - grow);
+        b->size = grow;
+        b->stream = stream;
+        b->pool = last->pool;
+        b->segment = seg;
+        b->prev = last;
+        last->next = b;
+        add_inactive(b, +1);
+        return b;
+      }
     }
-    Block* last = seg->head;
-    while (last->next != nullptr) last = last->next;
-    const int64_t have = last->allocated ? 0 : last->size;
-    if (have >= size) {  // the tail already fits (it was only passed over by the pool's oversize rule)
-      last->pool->blocks.erase(last);
-      return last;
+    // A new range: as large as the memory this allocator may use (the device's capacity when unbounded; a huge
+    // address-only range when even that is unbounded), and never smaller than the request.
+    const int64_t limit = allowed() != kNoLimit ? allowed() : backing.capacity();
+    const int64_t want = round_up(size, page);
+    const int64_t range = std::max(want, round_up(limit != kNoLimit ? limit : (int64_t{1} << 46), page));
+    void* base = backing.reserve_range(range);
+    if (base == nullptr) return nullptr;
+    try {
+      return add_segment(static_cast<char*>(base), want, is_small, stream, true, range)->head;
+    } catch (...) {
+      backing.release_range(base, range);
+      throw;
     }
-    const int64_t grow = round_up(size - have, page);
-    if (seg->size + grow > seg->reserved_range) return nullptr;
-    if (stats.reserved_bytes[kAggregatePool].current + grow > allowed()) return nullptr;
-    if (!backing.map(seg->base + seg->size, grow)) return nullptr;
-    for_pools(is_small, [&](int p) { stats.reserved_bytes[p].increase(grow); });
-    ++stats.num_device_alloc;
-    note_active_peak();
-    record(TraceAction::SegmentMap, 0, grow, grow, seg->base + seg->size, stream, kUntagged);
-    seg->size += grow;
-    update_oversize(seg);
-    if (!last->allocated) {
-      last->pool->blocks.erase(last);
-      add_inactive(last, -1);
-      last->size += grow;
-      add_inactive(last, +1);
-      return last;
-    }
-    Block* b = new_block();
-    b->ptr = seg->base + (seg->size - grow);
-    b->size = grow;
-    b->stream = stream;
-    b->pool = last->pool;
-    b->segment = seg;
-    b->prev = last;
-    last->next = b;
-    add_inactive(b, +1);
-    return b;
   }
 
   void release_segment(Segment* seg) {
-    Block* b = seg->head;
-    // Only whole-free segments are released: one block (or, for expandable ones, the trailing pages — see
-    // shrink_expandable).
-    b->pool->blocks.erase(b);
-    const bool is_small = seg->is_small;
-    for_pools(is_small, [&](int p) {
-      stats.segment[p].decrease(1);
-      stats.reserved_bytes[p].decrease(seg->size);
-    });
-    if (seg->counted_oversize) stats.oversize_segments.decrease(1);
-    ++stats.num_device_free;
-    record(seg->expandable ? TraceAction::SegmentUnmap : TraceAction::SegmentFree, 0, seg->size, seg->size, seg->base,
-           seg->stream, kUntagged);
+    Block* b = seg->head;  // only whole-free segments are released: a single free block
+    const int64_t held = seg->size;
+    // The device first: if it fails, the bookkeeping is still intact.
     if (seg->expandable) {
-      backing.unmap(seg->base, seg->size);
+      unmap_free_pages(b);  // a whole-free segment's pages all lie inside its one block
       backing.release_range(seg->base, seg->reserved_range);
     } else {
       backing.free(seg->base, seg->size);
+    }
+    b->pool->blocks.erase(b);
+    for_pools(seg->is_small, [&](int p) {
+      stats.segment[p].decrease(1);
+      if (!seg->expandable) stats.reserved_bytes[p].decrease(held);
+    });
+    if (seg->counted_oversize) stats.oversize_segments.decrease(1);
+    if (!seg->expandable) {
+      ++stats.num_device_free;
+      record(TraceAction::SegmentFree, 0, held, held, seg->base, seg->stream, kUntagged);
     }
     delete_block(b);
     segments.erase(std::find(segments.begin(), segments.end(), seg));
     delete seg;
   }
 
-  // Expandable: unmaps the whole pages of a trailing free block; releases the segment when nothing is left.
+  // Expandable: unmaps the pages wholly inside every free block, trims a free tail off the extent, and releases the
+  // segment when nothing is left in it.
   void shrink_expandable(Segment* seg) {
+    for (Block* b = seg->head; b != nullptr; b = b->next)
+      if (!b->allocated) unmap_free_pages(b);
     Block* last = seg->head;
     while (last->next != nullptr) last = last->next;
     if (last->allocated) return;
@@ -400,16 +495,12 @@ struct CachingAllocator::Impl {
     }
     const int64_t page = backing.page_size();
     const int64_t keep_end = round_up(last->ptr - seg->base, page);  // first page boundary at/after the block start
-    const int64_t cut = seg->size - keep_end;
+    const int64_t cut = seg->extent - keep_end;
     if (cut <= 0) return;
     last->pool->blocks.erase(last);
     add_inactive(last, -1);
-    backing.unmap(seg->base + keep_end, cut);
-    for_pools(seg->is_small, [&](int p) { stats.reserved_bytes[p].decrease(cut); });
-    ++stats.num_device_free;
-    record(TraceAction::SegmentUnmap, 0, cut, cut, seg->base + keep_end, seg->stream, kUntagged);
-    seg->size = keep_end;
-    update_oversize(seg);
+    seg->extent = keep_end;
+    seg->page_mapped.resize(static_cast<size_t>(keep_end / page));
     last->size -= cut;
     if (last->size == 0) {  // the free block began on a page boundary: it is gone (its allocated prev stays)
       last->prev->next = nullptr;
@@ -471,16 +562,18 @@ struct CachingAllocator::Impl {
       backing.synchronize();
       ++stats.num_sync_all_streams;
     }
-    std::vector<std::pair<EventId, Block*>> still;
-    for (auto& [ev, b] : events) {
-      if (backing.event_completed(ev)) {
-        backing.release_event(ev);
-        if (--b->event_count == 0) free_block(b);
-      } else {
-        still.emplace_back(ev, b);
+    // Handled entries leave `events` one at a time, so a backing that throws midway leaves only unhandled ones.
+    size_t i = 0;
+    while (i < events.size()) {
+      const auto [ev, b] = events[i];
+      if (!backing.event_completed(ev)) {
+        ++i;
+        continue;
       }
+      events.erase(events.begin() + static_cast<std::ptrdiff_t>(i));
+      backing.release_event(ev);
+      if (--b->event_count == 0) free_block(b);
     }
-    events.swap(still);
   }
 
   // Returns a block to its pool, merging with free neighbours (Note [Block lifecycle]).
@@ -527,25 +620,35 @@ struct CachingAllocator::Impl {
     const int64_t size = round_size(nbytes);
     BlockPool& pool = pool_for(size);
     process_events(false);
-    Block* b = get_free_block(pool, size, stream);
+    // A block of an expandable segment must have the pages under the request mapped (Note [Expandable segments]);
+    // when the device has no room for them it goes back to its pool and the ladder continues.
+    auto ready = [&](Block* blk) -> Block* {
+      if (blk == nullptr || !blk->segment->expandable || map_pages(blk->segment, blk->ptr, size)) return blk;
+      blk->pool->blocks.insert(blk);
+      return nullptr;
+    };
+    auto from_pool = [&]() { return ready(get_free_block(pool, size, stream)); };
+    auto obtain = [&]() -> Block* {
+      return use_expandable() ? ready(expand_segment(size, pool.is_small, stream))
+                              : alloc_segment(size, pool.is_small, stream);
+    };
+    Block* b = from_pool();
     if (b == nullptr) {
       garbage_collect();
-      auto obtain = [&]() -> Block* {
-        return use_expandable() ? expand_segment(size, pool.is_small, stream) : alloc_segment(size, pool.is_small, stream);
-      };
       b = obtain();
       if (b == nullptr) {  // free oversize cached blocks, then retry
         release_cached(0, true);
-        b = get_free_block(pool, size, stream);
+        b = from_pool();
         if (b == nullptr) b = obtain();
       }
-      if (b == nullptr) {  // synchronise, free every cached unsplit block, retry
+      if (b == nullptr) {  // synchronise, free every cached unsplit block and unmap free pages, retry
         ++stats.num_alloc_retries;
         process_events(true);
-        b = get_free_block(pool, size, stream);
+        b = from_pool();
         if (b == nullptr) {
           release_cached(0, false);
-          b = obtain();
+          b = from_pool();
+          if (b == nullptr) b = obtain();
         }
       }
       if (b == nullptr) throw_oom(nbytes, size, stream);
@@ -592,6 +695,14 @@ struct CachingAllocator::Impl {
     auto it = active.find(ptr);
     EMBER_CHECK(it != active.end(), ValueError, "deallocate: pointer ", ptr, " was not allocated by this allocator");
     Block* b = it->second;
+    // Events first: if recording one throws, nothing has changed yet (those already recorded are released).
+    std::vector<EventId> recorded;
+    try {
+      for (StreamId s : b->stream_uses) recorded.push_back(backing.record_event(s));
+    } catch (...) {
+      for (EventId e : recorded) backing.release_event(e);
+      throw;
+    }
     active.erase(it);
     const bool is_small = b->segment->is_small;
     for_pools(is_small, [&](int p) {
@@ -601,11 +712,9 @@ struct CachingAllocator::Impl {
     });
     if (b->size >= config.max_split_size) stats.oversize_allocations.decrease(1);
     record(TraceAction::Free, b->id, b->requested, b->size, b->ptr, b->stream, b->tag);
-    if (!b->stream_uses.empty()) {  // reuse only after the other streams' work completes
-      for (StreamId s : b->stream_uses) {
-        events.emplace_back(backing.record_event(s), b);
-        ++b->event_count;
-      }
+    if (!recorded.empty()) {  // reuse only after the other streams' work completes
+      for (EventId e : recorded) events.emplace_back(e, b);
+      b->event_count += static_cast<int>(recorded.size());
       b->stream_uses.clear();
       return;
     }
@@ -660,7 +769,9 @@ CachingAllocator::~CachingAllocator() {
   for (Segment* s : impl_->segments) {
     try {
       if (s->expandable) {
-        backing_->unmap(s->base, s->size);
+        const int64_t page = backing_->page_size();
+        for (size_t q = 0; q < s->page_mapped.size(); ++q)
+          if (s->page_mapped[q]) backing_->unmap(s->base + static_cast<int64_t>(q) * page, page);
         backing_->release_range(s->base, s->reserved_range);
       } else {
         backing_->free(s->base, s->size);
@@ -753,7 +864,8 @@ std::vector<SegmentSnapshot> CachingAllocator::snapshot() const {
   for (const Segment* s : impl_->segments) {
     SegmentSnapshot ss;
     ss.addr = reinterpret_cast<uint64_t>(s->base);
-    ss.size = s->size;
+    ss.size = s->extent;
+    ss.mapped = s->size;
     ss.stream = s->stream;
     ss.small_pool = s->is_small;
     ss.expandable = s->expandable;
@@ -857,7 +969,21 @@ void CachingAllocator::check_invariants() const {
         }
       }
     }
-    if (expect != s->base + s->size) fail("blocks do not cover their segment");
+    if (expect != s->base + s->extent) fail("blocks do not cover their segment");
+    if (s->expandable) {
+      const int64_t page = m.backing.page_size();
+      int64_t mapped = 0;
+      for (uint8_t v : s->page_mapped) mapped += v ? page : 0;
+      if (mapped != s->size) fail("mapped pages differ from the segment's reserved bytes");
+      if (static_cast<int64_t>(s->page_mapped.size()) * page != s->extent) fail("page map does not cover the extent");
+      for (const Block* b = s->head; b != nullptr; b = b->next) {
+        if (!b->allocated) continue;
+        for (int64_t q = (b->ptr - s->base) / page; q <= (b->ptr - s->base + b->size - 1) / page; ++q)
+          if (!s->page_mapped[q]) fail("an allocated block lies on an unmapped page");
+      }
+    } else if (s->extent != s->size) {
+      fail("a fixed segment's extent differs from its size");
+    }
   }
   if (live_blocks != m.active.size()) fail("active map holds blocks that are not live");
   if (free_blocks != m.small_pool.blocks.size() + m.large_pool.blocks.size()) fail("pools hold stale blocks");

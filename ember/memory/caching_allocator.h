@@ -89,7 +89,8 @@ struct BlockSnapshot {
 
 struct SegmentSnapshot {
   uint64_t addr = 0;
-  int64_t size = 0;  // bytes held (mapped bytes for expandable segments)
+  int64_t size = 0;    // bytes the blocks tile (for expandable segments: the extent grown so far)
+  int64_t mapped = 0;  // bytes held from the device (== size for fixed segments; the mapped pages otherwise)
   StreamId stream = 0;
   bool small_pool = false;
   bool expandable = false;

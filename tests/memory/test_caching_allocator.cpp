@@ -94,7 +94,10 @@ struct Verifier {
       if (s.addr % 512 != 0) return err << "segment at " << s.addr << " is not 512-byte aligned", err.str();
       if (s.expandable) {
         if (s.size % page != 0) return err << "expandable segment size " << s.size << " is not whole pages", err.str();
+        if (s.mapped % page != 0 || s.mapped > s.size)
+          return err << "expandable segment maps " << s.mapped << " of " << s.size << " bytes", err.str();
       } else {
+        if (s.mapped != s.size) return err << "fixed segment maps " << s.mapped << " of " << s.size, err.str();
         ++fixed_segments;
         const bool ok_size = s.small_pool ? s.size == kSmallBuffer
                                           : (s.size == kLargeBuffer || (s.size % kRoundLarge == 0 && s.size >= 10 * MiB));
@@ -103,9 +106,9 @@ struct Verifier {
       const int pools[2] = {int(kAggregatePool), s.small_pool ? int(kSmallPool) : int(kLargePool)};
       for (int p : pools) {
         ++rc[p].segments;
-        rc[p].reserved += s.size;
+        rc[p].reserved += s.mapped;
       }
-      if (s.size >= cfg.max_split_size) ++oversize_segs;
+      if (s.mapped >= cfg.max_split_size) ++oversize_segs;
       uint64_t expect = s.addr;
       bool prev_free = false;
       const bool split = s.blocks.size() > 1;
@@ -159,8 +162,22 @@ struct Verifier {
       if (after_empty_cache) {
         if (last_alloc_end == 0) return err << "empty_cache left a segment without live blocks at " << s.addr, err.str();
         if (s.expandable && s.size != round_up(last_alloc_end, page))
-          return err << "empty_cache left trailing free pages mapped: segment of " << s.size
-                     << " bytes, last live byte at " << last_alloc_end, err.str();
+          return err << "empty_cache left a free tail: segment of " << s.size << " bytes, last live byte at "
+                     << last_alloc_end, err.str();
+        if (s.expandable) {  // every page wholly inside a free block is unmapped: only pages under live blocks stay
+          int64_t need = 0;
+          int64_t last_page = -1;
+          for (const BlockSnapshot& b : s.blocks) {
+            if (!b.allocated) continue;
+            const int64_t p0 = static_cast<int64_t>(b.addr - s.addr) / page;
+            const int64_t p1 = (static_cast<int64_t>(b.addr - s.addr) + b.size - 1) / page;
+            need += (p1 - std::max(p0, last_page + 1) + 1) * page;
+            last_page = p1;
+          }
+          if (s.mapped != need)
+            return err << "empty_cache left free pages mapped: " << s.mapped << " bytes mapped, live blocks cover "
+                       << need, err.str();
+        }
       }
     }
     if (must_be_pending != nullptr)

@@ -428,3 +428,26 @@ TEST(CachingKnobs, SetConfigAppliesToNewRequests) {
 }
 
 }  // namespace
+
+// Releasing the cache unmaps free pages in the middle of an expandable segment too (Note [Expandable segments]):
+// after freeing a 40 MiB block that sits before a live 2 MiB one, empty_cache() leaves only the live block's page
+// mapped, so another stream can take 30 MiB of a 64 MiB device.
+TEST(CachingKnobs, ExpandableReleasesInteriorPages) {
+  auto a = make_allocator(64 * MiB, "expandable_segments:True");
+  void* big = a->allocate(40 * MiB);
+  void* small = a->allocate(2 * MiB);
+  a->deallocate(big);
+  a->empty_cache();
+  EXPECT_EQ(a->stats().reserved_bytes, 2 * MiB);
+  EXPECT_EQ(verify_caching_allocator(*a), "");
+  void* other = a->allocate(30 * MiB, /*stream=*/1);
+  EXPECT_EQ(a->stats().reserved_bytes, 32 * MiB);
+  // The hole is reused (and remapped) before the segment grows.
+  void* again = a->allocate(20 * MiB);
+  EXPECT_LT(reinterpret_cast<uintptr_t>(again), reinterpret_cast<uintptr_t>(small));
+  EXPECT_EQ(verify_caching_allocator(*a), "");
+  for (void* p : {small, other, again}) a->deallocate(p);
+  a->empty_cache();
+  EXPECT_EQ(a->stats().reserved_bytes, 0);
+  EXPECT_TRUE(a->snapshot().empty());
+}
