@@ -164,6 +164,8 @@ struct CachingAllocator::Impl {
   uint64_t clock = 0;    // logical time for LRU
   uint64_t next_id = 1;  // allocation ids
   TraceRing trace;
+  bool trace_from_start = false;
+  bool explain_ooms = true;  // the trace was enabled while the allocator held nothing: it is the whole history
   std::chrono::steady_clock::time_point start = std::chrono::steady_clock::now();
   std::vector<Block*> free_block_objects;  // recycled Block objects (avoids new/delete on the hot path)
 
@@ -742,6 +744,20 @@ void CachingAllocator::Impl::throw_oom(int64_t requested, int64_t rounded, Strea
       ++f.free_blocks;
     }
   f.config = config;
+  if (!explain_ooms) {
+    throw OutOfMemoryError(detail::concat(f.device, ": out of memory: tried to allocate ", format_bytes(requested),
+                                          " with ", format_bytes(f.allocated), " allocated and ",
+                                          format_bytes(f.reserved), " reserved"),
+                           requested, f.capacity == kNoLimit ? -1 : f.capacity, f.allocated, f.reserved);
+  }
+  try {
+    f.device_available = backing.available();
+  } catch (...) {  // the explanation must not replace the OutOfMemoryError
+  }
+  if (trace_from_start && trace.enabled() && trace.dropped() == 0) {
+    f.has_history = true;
+    f.history = trace.events();
+  }
   f.live.reserve(active.size());
   for (const auto& [p, b] : active) f.live.push_back({b->id, b->requested, b->stream});
   throw OutOfMemoryError(explain_oom(f), requested, f.capacity == kNoLimit ? -1 : f.capacity, f.allocated,
@@ -908,14 +924,21 @@ int64_t CachingAllocator::allowed_memory() const {
   return impl_->allowed();
 }
 
+void CachingAllocator::set_oom_explanations(bool on) {
+  std::lock_guard<std::mutex> lock(impl_->mutex);
+  impl_->explain_ooms = on;
+}
+
 void CachingAllocator::enable_trace(size_t capacity) {
   std::lock_guard<std::mutex> lock(impl_->mutex);
   impl_->trace.set_capacity(capacity);
+  impl_->trace_from_start = impl_->active.empty() && impl_->segments.empty();
 }
 
 void CachingAllocator::disable_trace() {
   std::lock_guard<std::mutex> lock(impl_->mutex);
   impl_->trace.set_capacity(0);
+  impl_->trace_from_start = false;
 }
 
 std::vector<TraceEvent> CachingAllocator::trace() const { return impl_->trace.events(); }

@@ -132,6 +132,10 @@ class CachingAllocator final : public Allocator {
   std::vector<TraceEvent> trace() const;
   void annotate(const std::string& note);
 
+  // OutOfMemoryError messages explain the failure, replaying allocations to check advice (on by default). Replays
+  // and probes turn it off: their OOMs are expected and need only the numbers.
+  void set_oom_explanations(bool on);
+
   // Throws ember::Error describing the first violated invariant (see the file comment). For tests.
   void check_invariants() const;
   Backing& backing() { return *backing_; }

@@ -47,10 +47,12 @@ Allocator& allocator(int device) {
   static std::mutex mutex;
   static auto* allocators = new std::vector<std::unique_ptr<CachingAllocator>>();  // never destroyed
   std::lock_guard<std::mutex> lock(mutex);
-  if (allocators->empty()) {
+  if (allocators->empty()) {  // built completely, then published: a failure leaves nothing half-made
     const AllocatorConfig config = alloc_config_from_env();
+    std::vector<std::unique_ptr<CachingAllocator>> made;
     for (int d = 0; d < device_count(); ++d)
-      allocators->push_back(std::make_unique<CachingAllocator>(make_cuda_backing(d), config, "cuda:" + std::to_string(d)));
+      made.push_back(std::make_unique<CachingAllocator>(make_cuda_backing(d), config, "cuda:" + std::to_string(d)));
+    *allocators = std::move(made);
   }
   return *(*allocators)[device];
 }

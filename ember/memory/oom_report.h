@@ -9,6 +9,7 @@
 
 #include "ember/memory/alloc_config.h"
 #include "ember/memory/allocator.h"
+#include "ember/memory/trace.h"
 
 namespace ember::memory {
 
@@ -29,8 +30,12 @@ struct OomFacts {
   int64_t reserved = 0;      // bytes held from the device
   int64_t free_blocks = 0;   // cached free blocks
   int64_t largest_free = 0;  // largest cached free block
+  int64_t device_available = kNoLimit;  // what the device itself reports free (kNoLimit: not known)
   AllocatorConfig config;
   std::vector<LiveAllocation> live;  // any order
+  // The allocator's whole history (alloc/free events since it was empty), when its trace recorded all of it.
+  bool has_history = false;
+  std::vector<TraceEvent> history;
 };
 
 // The OutOfMemoryError message for these facts (runs the replays it needs).

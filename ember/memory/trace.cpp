@@ -202,6 +202,8 @@ std::vector<TraceEvent> read_trace_jsonl(std::istream& in) {
       j = json::parse(text);
     } catch (const json::parse_error& e) {
       EMBER_THROW(FormatError, "read_trace_jsonl: line ", line, ": malformed JSON at column ", e.byte);
+    } catch (const json::exception& e) {  // e.g. a number out of range
+      EMBER_THROW(FormatError, "read_trace_jsonl: line ", line, ": ", e.what());
     }
     LineReader r(j, line);
     if (!j.is_object()) r.fail("expected a JSON object, got " + std::string(j.type_name()));
@@ -291,6 +293,7 @@ ReplayResult replay_trace(const std::vector<TraceEvent>& events, const Allocator
   // An address-only device; the simulated backing treats kNoLimit as unbounded (its accounting cannot overflow).
   EMBER_CHECK(capacity > 0, ValueError, "replay_trace: capacity must be positive, got ", capacity);
   CachingAllocator alloc(make_simulated_backing(capacity, /*materialize=*/false), config, "replay");
+  alloc.set_oom_explanations(false);  // replayed OOMs are counted, not explained
 
   ReplayResult r;
   r.config = config.str();
@@ -301,22 +304,21 @@ ReplayResult replay_trace(const std::vector<TraceEvent>& events, const Allocator
   for (size_t i = 0; i < events.size(); ++i) {
     const TraceEvent& e = events[i];
     if (e.action == TraceAction::Alloc) {
+      if (auto old = live.find(e.id); old != live.end()) {  // an id reused while live: the trace lost its free
+        alloc.deallocate(old->second);                       // release the older block first
+        live.erase(old);
+      }
       void* p = nullptr;
       try {
         p = alloc.allocate(e.size, e.stream);
       } catch (const OutOfMemoryError&) {
         ++r.num_ooms;
         if (r.first_oom_index < 0) r.first_oom_index = static_cast<int64_t>(i);
+        r.last_oom_index = static_cast<int64_t>(i);
         continue;
       }
       ++r.num_allocs;
-      if (p != nullptr) {
-        auto [it, inserted] = live.emplace(e.id, p);
-        if (!inserted) {  // an id reused while live: the trace lost its free; release the older block
-          alloc.deallocate(it->second);
-          it->second = p;
-        }
-      }
+      if (p != nullptr) live.emplace(e.id, p);
       const int64_t reserved = alloc.stats().reserved_bytes;
       if (reserved > highest_reserved) {
         highest_reserved = reserved;

@@ -78,6 +78,7 @@ struct ReplayResult {
   double fragmentation = 0.0;  // 1 - peak_allocated / peak_reserved
   int64_t num_ooms = 0;
   int64_t first_oom_index = -1;  // index of the first alloc event that failed, -1 if none
+  int64_t last_oom_index = -1;   // index of the last alloc event that failed, -1 if none
   int64_t num_device_allocs = 0;
   int64_t num_allocs = 0;
   int64_t largest_free_block_at_peak = 0;

@@ -170,8 +170,10 @@ TEST(CachingOom, FragmentationSuggestsExpandableSegments) {
 
 // A cached 4 GiB block split by small requests strands 2 GiB holes; with max_split_size_mb:128 the big block would
 // not have been split. Runs the same sequence under `conf`; returns the OOM message ("" when it fits).
-std::string split_big_block_sequence(const std::string& conf) {
+// With `traced`, the allocator records its history from the start, so the OOM message can replay it.
+std::string split_big_block_sequence(const std::string& conf, bool traced = true) {
   auto a = make_allocator(6 * GiB, conf);
+  if (traced) a->enable_trace(1 << 16);
   void* x = a->allocate(4 * GiB);
   a->deallocate(x);
   void* s1 = a->allocate(3 * MiB);       // default: split from the 4 GiB block
@@ -188,6 +190,16 @@ std::string split_big_block_sequence(const std::string& conf) {
   a->deallocate(s1);
   a->deallocate(s2);
   return msg;
+}
+
+// Without a recorded history the live set alone cannot show which setting would have helped (the two live blocks
+// fit easily when packed afresh): the message says so instead of guessing.
+TEST(CachingOom, FragmentationWithoutHistorySaysHowToFindOut) {
+  const std::string msg = split_big_block_sequence("", /*traced=*/false);
+  ASSERT_FALSE(msg.empty());
+  EXPECT_TRUE(contains(msg, "fit when packed afresh")) << msg;
+  EXPECT_TRUE(contains(msg, "enable_trace")) << msg;
+  EXPECT_FALSE(contains(msg, "EMBER_ALLOC_CONF=")) << msg;
 }
 
 TEST(CachingOom, SplitBigBlockSuggestsMaxSplitSize) {
