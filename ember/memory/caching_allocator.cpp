@@ -942,6 +942,7 @@ void CachingAllocator::disable_trace() {
 }
 
 std::vector<TraceEvent> CachingAllocator::trace() const { return impl_->trace.events(); }
+uint64_t CachingAllocator::trace_dropped() const { return impl_->trace.dropped(); }
 
 void CachingAllocator::annotate(const std::string& note) {
   std::lock_guard<std::mutex> lock(impl_->mutex);

@@ -130,6 +130,7 @@ class CachingAllocator final : public Allocator {
   void enable_trace(size_t capacity);
   void disable_trace();
   std::vector<TraceEvent> trace() const;
+  uint64_t trace_dropped() const;  // events the ring dropped (oldest first) since it was enabled
   void annotate(const std::string& note);
 
   // OutOfMemoryError messages explain the failure, replaying allocations to check advice (on by default). Replays

@@ -38,11 +38,12 @@ struct PooledEvent {
 // cudaEvents (timing disabled) kept per device and reused; shared by every pool in the process, never destroyed.
 class EventPool {
  public:
-  // An event recorded on `stream`, created on the stream's device.
-  PooledEvent record(StreamId stream) {
-    int device = 0;
-    if (stream == 0) EMBER_CUDA_CHECK(cudaGetDevice(&device));
-    else EMBER_CUDA_CHECK(cudaStreamGetDevice(to_stream(stream), &device));
+  // An event recorded on `stream`, created and recorded with the stream's device current. The legacy default stream
+  // (0) belongs to every device, so for it `default_device` (the device current when the stream was recorded for
+  // the block) says which one; other streams know their own device.
+  PooledEvent record(StreamId stream, int default_device) {
+    int device = default_device;
+    if (stream != 0) EMBER_CUDA_CHECK(cudaStreamGetDevice(to_stream(stream), &device));
     ScopedDevice scoped(device);
     PooledEvent ev{device, nullptr};
     {
@@ -60,10 +61,15 @@ class EventPool {
     return ev;
   }
 
-  void release(const PooledEvent& ev) {
-    std::lock_guard<std::mutex> lock(mutex_);
-    if (static_cast<int>(free_.size()) <= ev.device) free_.resize(static_cast<size_t>(ev.device) + 1);
-    free_[ev.device].push_back(ev.event);
+  // Returns the event for reuse; never throws (an event that cannot be kept is destroyed instead).
+  void release(const PooledEvent& ev) noexcept {
+    try {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (static_cast<int>(free_.size()) <= ev.device) free_.resize(static_cast<size_t>(ev.device) + 1);
+      free_[ev.device].push_back(ev.event);
+    } catch (...) {
+      (void)cudaEventDestroy(ev.event);
+    }
   }
 
  private:
@@ -86,26 +92,31 @@ bool event_done(const PooledEvent& ev) {
   return true;
 }
 
-// The pieces cudaHostRegister is called on for a block: `threads` equal page-aligned chunks when the block has at
-// least one page per thread (sizes and thread counts are powers of two, so the split is exact), else one piece.
-std::vector<std::pair<char*, int64_t>> register_chunks(void* ptr, int64_t bytes, int threads) {
-  std::vector<std::pair<char*, int64_t>> out;
-  char* base = static_cast<char*>(ptr);
-  if (threads > 1 && bytes >= threads * kHostPage) {
-    const int64_t chunk = bytes / threads;
-    for (int i = 0; i < threads; ++i) out.emplace_back(base + i * chunk, chunk);
-  } else {
-    out.emplace_back(base, bytes);
+// Writes one byte in every page of [base, base + bytes) so the kernel maps the pages before they are pinned,
+// spreading the pages over up to `threads` threads (the slow part of registering a large buffer). Registration
+// itself is one call on the whole range afterwards, so the block is a single pinned allocation.
+void touch_pages(char* base, int64_t bytes, int threads) {
+  const int64_t pages = (bytes + kHostPage - 1) / kHostPage;
+  const int64_t parts = std::clamp<int64_t>(threads, 1, pages);
+  const int64_t per_part = (pages + parts - 1) / parts;
+  auto touch = [base, bytes](int64_t first_page, int64_t end_page) {
+    for (int64_t page = first_page; page < end_page; ++page) {
+      const int64_t off = page * kHostPage;
+      if (off < bytes) base[off] = 0;
+    }
+  };
+  std::vector<std::thread> workers;
+  for (int64_t part = 1; part < parts; ++part) {
+    const int64_t first = part * per_part, end = std::min(pages, first + per_part);
+    if (first >= end) break;
+    try {
+      workers.emplace_back(touch, first, end);
+    } catch (...) {  // no thread to be had: touch these pages here
+      touch(first, end);
+    }
   }
-  return out;
-}
-
-// Touches every page of the chunk (faulting it in) and page-locks it. Runs on its own thread for chunks > 0.
-cudaError_t register_chunk(char* p, int64_t bytes) {
-  for (int64_t off = 0; off < bytes; off += kHostPage) p[off] = 0;
-  cudaError_t st = cudaHostRegister(p, static_cast<size_t>(bytes), cudaHostRegisterPortable);
-  if (st != cudaSuccess) (void)cudaGetLastError();
-  return st;
+  touch(0, std::min(pages, per_part));
+  for (auto& w : workers) w.join();
 }
 
 #endif  // EMBER_WITH_CUDA
@@ -120,6 +131,12 @@ PinnedSource choose_source(const AllocatorConfig& config) {
 
 int64_t block_size_for(int64_t nbytes) {
   return static_cast<int64_t>(std::bit_ceil(static_cast<uint64_t>(std::max(nbytes, kMinPinnedBlock))));
+}
+
+// Makes room for one more element so that the push_back that follows cannot throw (amortised doubling).
+template <typename T>
+void reserve_one(std::vector<T>& v) {
+  if (v.size() == v.capacity()) v.reserve(std::max<size_t>(8, 2 * v.capacity()));
 }
 
 int64_t alignment_for(int64_t size) { return std::clamp<int64_t>(size, kAlignment, kHostPage); }
@@ -142,10 +159,17 @@ const char* pinned_source_name(PinnedSource source) {
 }
 
 struct PinnedPool::Block {
+  // A stream recorded for the block. `device` is the device current at record_stream, which names the device whose
+  // legacy default stream is meant when stream == 0 (other streams carry their own device).
+  struct Use {
+    StreamId stream = 0;
+    int device = 0;
+    bool operator==(const Use&) const = default;
+  };
   int64_t size = 0;       // power of two
   int64_t requested = 0;  // while live
   bool live = false;
-  std::vector<StreamId> streams;  // recorded with record_stream while live
+  std::vector<Use> streams;  // recorded with record_stream while live
 };
 
 struct PinnedPool::Pending {
@@ -209,29 +233,13 @@ void* PinnedPool::allocate_from_system(int64_t size) {
     case PinnedSource::CudaHostRegister: {
       void* p = std::aligned_alloc(static_cast<size_t>(kHostPage), static_cast<size_t>(bytes));
       if (p == nullptr) return nullptr;
-      const auto chunks = register_chunks(p, bytes, register_threads_);
-      std::vector<cudaError_t> status(chunks.size(), cudaSuccess);
-      std::vector<std::thread> workers;
-      for (size_t i = 1; i < chunks.size(); ++i) {
-        try {
-          workers.emplace_back([&, i] { status[i] = register_chunk(chunks[i].first, chunks[i].second); });
-        } catch (...) {  // no thread to be had: register it here
-          status[i] = register_chunk(chunks[i].first, chunks[i].second);
-        }
-      }
-      status[0] = register_chunk(chunks[0].first, chunks[0].second);
-      for (auto& w : workers) w.join();
-      cudaError_t failure = cudaSuccess;
-      for (size_t i = 0; i < chunks.size(); ++i) {
-        if (status[i] == cudaSuccess) continue;
-        if (failure == cudaSuccess || status[i] != cudaErrorMemoryAllocation) failure = status[i];
-      }
-      if (failure == cudaSuccess) return p;
-      for (size_t i = 0; i < chunks.size(); ++i)
-        if (status[i] == cudaSuccess) (void)cudaHostUnregister(chunks[i].first);
+      touch_pages(static_cast<char*>(p), bytes, register_threads_);
+      const cudaError_t st = cudaHostRegister(p, static_cast<size_t>(bytes), cudaHostRegisterPortable);
+      if (st == cudaSuccess) return p;
+      (void)cudaGetLastError();
       std::free(p);
-      if (failure == cudaErrorMemoryAllocation) return nullptr;
-      EMBER_CUDA_CHECK(failure);
+      if (st == cudaErrorMemoryAllocation) return nullptr;
+      EMBER_CUDA_CHECK(st);
       return nullptr;
     }
 #else
@@ -251,14 +259,10 @@ void PinnedPool::free_to_system(void* ptr, int64_t size) {
     case PinnedSource::CudaHostAlloc:
       EMBER_CUDA_CHECK(cudaFreeHost(ptr));
       return;
-    case PinnedSource::CudaHostRegister: {
-      cudaError_t failure = cudaSuccess;
-      for (auto& [p, bytes] : register_chunks(ptr, system_bytes(source_, size), register_threads_)) {
-        cudaError_t st = cudaHostUnregister(p);
-        if (st != cudaSuccess && failure == cudaSuccess) failure = st;
-      }
+    case PinnedSource::CudaHostRegister: {  // one registration per block (see touch_pages)
+      const cudaError_t st = cudaHostUnregister(ptr);
       std::free(ptr);
-      EMBER_CUDA_CHECK(failure);
+      EMBER_CUDA_CHECK(st);
       return;
     }
 #else
@@ -283,9 +287,11 @@ void PinnedPool::process_pending_locked() {
       ++i;
       continue;
     }
-    for (const PooledEvent& ev : pending.events) event_pool().release(ev);
     const int64_t size = blocks_.at(pending.ptr)->size;
-    bins_[std::countr_zero(static_cast<uint64_t>(size))].push_back(pending.ptr);
+    auto& bin = bins_[std::countr_zero(static_cast<uint64_t>(size))];
+    reserve_one(bin);  // may throw while the block is still pending with its events; nothing below throws
+    for (const PooledEvent& ev : pending.events) event_pool().release(ev);
+    bin.push_back(pending.ptr);
     stats_.pending_blocks -= 1;
     stats_.pending_bytes -= size;
     stats_.cached_blocks += 1;
@@ -327,8 +333,10 @@ void* PinnedPool::allocate(int64_t nbytes, StreamId) {
     b.requested = nbytes;
     b.streams.clear();
     AllocatorStats& t = stats_.totals;
-    t.allocated_bytes += nbytes;
+    t.allocated_bytes += size;
     t.peak_allocated_bytes = std::max(t.peak_allocated_bytes, t.allocated_bytes);
+    t.requested_bytes += nbytes;
+    t.peak_requested_bytes = std::max(t.peak_requested_bytes, t.requested_bytes);
     t.num_allocs += 1;
     stats_.live_blocks += 1;
     stats_.live_block_bytes += size;
@@ -396,26 +404,48 @@ void PinnedPool::deallocate(void* ptr) {
   EMBER_CHECK(it != blocks_.end() && it->second->live, ValueError, "PinnedPool::deallocate: pointer ", ptr,
               " is not a live block of this pool");
   Block& b = *it->second;
-  auto pending = std::make_unique<Pending>();
-  pending->ptr = ptr;
+  auto& bin = bins_[std::countr_zero(static_cast<uint64_t>(b.size))];
+
+  // Everything that can throw comes first (events, the Pending record, room in the destination container), so a
+  // failure leaves the block live with its recorded streams and no event outstanding; the caller may retry.
 #if defined(EMBER_WITH_CUDA)
-  if (source_ != PinnedSource::PlainHost && !b.streams.empty()) {
-    try {
-      for (StreamId s : b.streams) pending->events.push_back(event_pool().record(s));
-    } catch (...) {  // the block stays live; the caller may retry
-      for (const PooledEvent& ev : pending->events) event_pool().release(ev);
-      throw;
+  std::vector<PooledEvent> events;
+  auto release_events = [&events]() noexcept {
+    for (const PooledEvent& ev : events) event_pool().release(ev);
+    events.clear();
+  };
+  std::unique_ptr<Pending> pending;
+  try {
+    if (source_ != PinnedSource::PlainHost && !b.streams.empty()) {
+      events.reserve(b.streams.size());
+      for (const Block::Use& use : b.streams) events.push_back(event_pool().record(use.stream, use.device));
     }
+    if (!events.empty()) {
+      pending = std::make_unique<Pending>();
+      reserve_one(pending_);
+    } else {
+      reserve_one(bin);
+    }
+  } catch (...) {
+    release_events();
+    throw;
   }
-  const bool wait = !pending->events.empty();
+  const bool wait = pending != nullptr;
+  if (wait) {
+    pending->ptr = ptr;
+    pending->events = std::move(events);
+    pending_.push_back(std::move(pending));
+  } else {
+    bin.push_back(ptr);
+  }
 #else
   const bool wait = false;
+  bin.push_back(ptr);  // may throw before any state changed
 #endif
-  if (wait) pending_.push_back(std::move(pending));  // may throw before any state changed
-  else bins_[std::countr_zero(static_cast<uint64_t>(b.size))].push_back(ptr);
 
   AllocatorStats& t = stats_.totals;
-  t.allocated_bytes -= b.requested;
+  t.allocated_bytes -= b.size;
+  t.requested_bytes -= b.requested;
   t.num_frees += 1;
   stats_.live_blocks -= 1;
   stats_.live_block_bytes -= b.size;
@@ -432,13 +462,18 @@ void PinnedPool::deallocate(void* ptr) {
 }
 
 void PinnedPool::record_stream(void* ptr, StreamId stream) {
+  Block::Use use{stream, 0};
+#if defined(EMBER_WITH_CUDA)
+  // The legacy default stream of the device current now; looked up outside the lock.
+  if (source_ != PinnedSource::PlainHost && stream == 0) EMBER_CUDA_CHECK(cudaGetDevice(&use.device));
+#endif
   std::lock_guard<std::mutex> lock(mutex_);
   auto it = blocks_.find(ptr);
   EMBER_CHECK(it != blocks_.end() && it->second->live, ValueError, "PinnedPool::record_stream: pointer ", ptr,
               " is not a live block of this pool");
   if (source_ == PinnedSource::PlainHost) return;  // no device work can be reading it
   auto& streams = it->second->streams;
-  if (std::find(streams.begin(), streams.end(), stream) == streams.end()) streams.push_back(stream);
+  if (std::find(streams.begin(), streams.end(), use) == streams.end()) streams.push_back(use);
 }
 
 void PinnedPool::empty_cache() {
@@ -465,6 +500,7 @@ void PinnedPool::reset_peak_stats() {
   std::lock_guard<std::mutex> lock(mutex_);
   stats_.totals.peak_allocated_bytes = stats_.totals.allocated_bytes;
   stats_.totals.peak_reserved_bytes = stats_.totals.reserved_bytes;
+  stats_.totals.peak_requested_bytes = stats_.totals.requested_bytes;
 }
 
 int64_t PinnedPool::block_size(const void* ptr) const {

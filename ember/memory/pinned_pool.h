@@ -27,9 +27,10 @@ const char* pinned_source_name(PinnedSource source);
 inline constexpr int64_t kMinPinnedBlock = 512;  // the smallest block; every block size is a power of two >= this
 
 struct PinnedPoolStats {
-  AllocatorStats totals;               // allocated (requested bytes), reserved (block bytes held), peaks, counts
+  AllocatorStats totals;               // allocated (block bytes of live blocks), requested (bytes asked for),
+                                       // reserved (block bytes held), peaks, counts
   int64_t live_blocks = 0;             // blocks handed out and not freed
-  int64_t live_block_bytes = 0;        // their rounded sizes
+  int64_t live_block_bytes = 0;        // their rounded sizes (equals totals.allocated_bytes)
   int64_t pending_blocks = 0;          // freed, waiting for events on the streams recorded for them
   int64_t pending_bytes = 0;
   int64_t cached_blocks = 0;           // free and ready for reuse

@@ -33,7 +33,7 @@ void TraceRing::set_capacity(size_t capacity) {
   head_ = 0;
   size_ = 0;
   dropped_ = 0;
-  enabled_ = capacity > 0;
+  enabled_.store(capacity > 0, std::memory_order_relaxed);
 }
 
 size_t TraceRing::capacity() const {

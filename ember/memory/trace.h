@@ -4,6 +4,7 @@
 // Invariant: a trace holding only `alloc`/`free` events with id, size and stream is a complete replay input.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <iosfwd>
 #include <mutex>
@@ -49,7 +50,7 @@ class TraceRing {
   explicit TraceRing(size_t capacity = 0) { set_capacity(capacity); }
   void set_capacity(size_t capacity);  // 0 = disabled; clears the ring
   size_t capacity() const;
-  bool enabled() const { return enabled_; }
+  bool enabled() const { return enabled_.load(std::memory_order_relaxed); }
   void push(TraceEvent e);
   std::vector<TraceEvent> events() const;  // oldest first
   uint64_t dropped() const;
@@ -60,7 +61,7 @@ class TraceRing {
   std::vector<TraceEvent> ring_;
   size_t head_ = 0, size_ = 0;
   uint64_t dropped_ = 0;
-  bool enabled_ = false;
+  std::atomic<bool> enabled_{false};  // read without the lock on the allocator's hot path
 };
 
 // JSON Lines: one object per event with at least "action", "id", "size", "stream" (see docs/memory-trace.md).

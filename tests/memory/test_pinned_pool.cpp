@@ -1,6 +1,6 @@
 // Pinned host pool: power-of-two block sizes, LIFO reuse after free, exact statistics against hand-computed numbers,
 // empty_cache, error paths, poisoning, out-of-memory, a multi-threaded smoke test, and (cuda instance, GPU only)
-// record_stream holding a block back until the stream's work has finished.
+// record_stream holding a block back until the stream's work has finished and cudaHostRegister'd blocks.
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -109,14 +109,17 @@ TEST(PinnedPool, ReuseAfterFreeReturnsTheSameBlock) {
   pool.deallocate(r);
 }
 
+// allocated_bytes counts block sizes (after rounding), requested_bytes what the callers asked for.
 TEST(PinnedPool, StatisticsAreExact) {
   PinnedPool pool;
   void* a = pool.allocate(100);   // block 512
   void* b = pool.allocate(3000);  // block 4096
   void* c = pool.allocate(5000);  // block 8192
   memory::PinnedPoolStats s = pool.detailed_stats();
-  EXPECT_EQ(s.totals.allocated_bytes, 8100);
-  EXPECT_EQ(s.totals.peak_allocated_bytes, 8100);
+  EXPECT_EQ(s.totals.allocated_bytes, 12800);
+  EXPECT_EQ(s.totals.peak_allocated_bytes, 12800);
+  EXPECT_EQ(s.totals.requested_bytes, 8100);
+  EXPECT_EQ(s.totals.peak_requested_bytes, 8100);
   EXPECT_EQ(s.totals.reserved_bytes, 12800);
   EXPECT_EQ(s.totals.peak_reserved_bytes, 12800);
   EXPECT_EQ(s.totals.num_allocs, 3);
@@ -127,8 +130,10 @@ TEST(PinnedPool, StatisticsAreExact) {
 
   pool.deallocate(b);
   s = pool.detailed_stats();
-  EXPECT_EQ(s.totals.allocated_bytes, 5100);
-  EXPECT_EQ(s.totals.peak_allocated_bytes, 8100);
+  EXPECT_EQ(s.totals.allocated_bytes, 8704);
+  EXPECT_EQ(s.totals.peak_allocated_bytes, 12800);
+  EXPECT_EQ(s.totals.requested_bytes, 5100);
+  EXPECT_EQ(s.totals.peak_requested_bytes, 8100);
   EXPECT_EQ(s.totals.reserved_bytes, 12800);  // cached, still held
   EXPECT_EQ(s.totals.num_frees, 1);
   EXPECT_EQ(s.live_blocks, 2);
@@ -138,22 +143,33 @@ TEST(PinnedPool, StatisticsAreExact) {
   EXPECT_EQ(s.pending_blocks, 0);
 
   pool.reset_peak_stats();
-  EXPECT_EQ(pool.stats().peak_allocated_bytes, 5100);
+  EXPECT_EQ(pool.stats().peak_allocated_bytes, 8704);
+  EXPECT_EQ(pool.stats().peak_requested_bytes, 5100);
   EXPECT_EQ(pool.stats().peak_reserved_bytes, 12800);
 
   void* d = pool.allocate(2049);  // reuses b's 4096 block
   EXPECT_EQ(d, b);
   s = pool.detailed_stats();
-  EXPECT_EQ(s.totals.allocated_bytes, 7149);
-  EXPECT_EQ(s.totals.peak_allocated_bytes, 7149);
+  EXPECT_EQ(s.totals.allocated_bytes, 12800);
+  EXPECT_EQ(s.totals.peak_allocated_bytes, 12800);
+  EXPECT_EQ(s.totals.requested_bytes, 7149);
+  EXPECT_EQ(s.totals.peak_requested_bytes, 7149);
   EXPECT_EQ(s.totals.reserved_bytes, 12800);
   EXPECT_EQ(s.totals.num_allocs, 4);
   EXPECT_EQ(s.num_host_allocs, 3);
   EXPECT_EQ(s.num_cache_hits, 1);
 
-  for (void* p : {a, c, d}) pool.deallocate(p);
+  pool.deallocate(a);  // 512 block, 100 requested
+  s = pool.detailed_stats();
+  EXPECT_EQ(s.totals.allocated_bytes, 12288);
+  EXPECT_EQ(s.totals.requested_bytes, 7049);
+
+  for (void* p : {c, d}) pool.deallocate(p);
   s = pool.detailed_stats();
   EXPECT_EQ(s.totals.allocated_bytes, 0);
+  EXPECT_EQ(s.totals.requested_bytes, 0);
+  EXPECT_EQ(s.totals.peak_allocated_bytes, 12800);
+  EXPECT_EQ(s.totals.peak_requested_bytes, 7149);
   EXPECT_EQ(s.totals.num_frees, 4);
   EXPECT_EQ(s.live_blocks, 0);
   EXPECT_EQ(s.cached_blocks, 3);
@@ -244,6 +260,7 @@ TEST(PinnedPool, OutOfMemoryThrowsAndThePoolStaysUsable) {
   EXPECT_EQ(s.num_host_frees, 1);
   EXPECT_EQ(s.totals.reserved_bytes, 0);
   EXPECT_EQ(s.totals.allocated_bytes, 0);
+  EXPECT_EQ(s.totals.requested_bytes, 0);
   void* q = pool.allocate(1000);
   ASSERT_NE(q, nullptr);
   pool.deallocate(q);
@@ -286,11 +303,14 @@ TEST(PinnedPool, ConcurrentAllocateAndFree) {
   EXPECT_EQ(corrupted.load(), 0) << "seed " << seed;
   memory::PinnedPoolStats s = pool.detailed_stats();
   EXPECT_EQ(s.totals.allocated_bytes, 0);
+  EXPECT_EQ(s.totals.requested_bytes, 0);
   EXPECT_EQ(s.totals.num_allocs, s.totals.num_frees);
   EXPECT_EQ(s.live_blocks, 0);
   EXPECT_EQ(s.cached_bytes, s.totals.reserved_bytes);
   EXPECT_EQ(s.num_cache_hits + s.num_host_allocs, s.totals.num_allocs);
+  EXPECT_LE(s.totals.peak_requested_bytes, s.totals.peak_allocated_bytes);
   EXPECT_LE(s.totals.peak_allocated_bytes, s.totals.peak_reserved_bytes);
+  EXPECT_GT(s.totals.peak_requested_bytes, 0);
   pool.empty_cache();
   EXPECT_EQ(pool.stats().reserved_bytes, 0);
 }
@@ -381,9 +401,67 @@ TEST_P(PinnedPoolDeviceTest, RecordStreamDefersReuse) {
   EXPECT_EQ(pool.stats().reserved_bytes, 0);
 }
 
+// pinned_use_cuda_host_register: the pages are touched by several threads but the block is registered as one range,
+// so an async copy may cross any page of it and only the block's start unregisters it.
+TEST_P(PinnedPoolDeviceTest, HostRegisterPinsTheWholeBlockOnce) {
+  memory::AllocatorConfig reg;
+  reg.pinned_use_host_register = true;
+  reg.pinned_num_register_threads = 4;
+  PinnedPool pool(reg);
+  ASSERT_EQ(pool.source(), PinnedSource::CudaHostRegister);
+  auto* p = static_cast<unsigned char*>(pool.allocate(1 * MiB));  // 4 threads: 256 KiB of pages each
+  ASSERT_NE(p, nullptr);
+  for (int64_t off : {int64_t{0}, 256 * KiB - 1, 256 * KiB, 700 * KiB, 1 * MiB - 1}) {
+    cudaPointerAttributes attr{};
+    ASSERT_EQ(cudaPointerGetAttributes(&attr, p + off), cudaSuccess) << off;
+    EXPECT_EQ(attr.type, cudaMemoryTypeHost) << off;  // page-locked (registered), not pageable
+  }
+  // A second-quarter address is inside the registration, not the start of one of its own.
+  EXPECT_NE(cudaHostUnregister(p + 256 * KiB), cudaSuccess);
+  (void)cudaGetLastError();
+
+  cudaStream_t stream = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+  void* dev = nullptr;
+  ASSERT_EQ(cudaMalloc(&dev, 8 * KiB), cudaSuccess);
+  unsigned char* across = p + 256 * KiB - 4 * KiB;  // 8 KiB straddling the first quarter boundary
+  for (int i = 0; i < 8 * KiB; ++i) across[i] = static_cast<unsigned char>(i * 7 + 1);
+  std::vector<unsigned char> back(8 * KiB, 0);
+  ASSERT_EQ(cudaMemcpyAsync(dev, across, 8 * KiB, cudaMemcpyHostToDevice, stream), cudaSuccess);
+  ASSERT_EQ(cudaMemcpyAsync(back.data(), dev, 8 * KiB, cudaMemcpyDeviceToHost, stream), cudaSuccess);
+  ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+  for (int i = 0; i < 8 * KiB; ++i) ASSERT_EQ(back[i], static_cast<unsigned char>(i * 7 + 1)) << i;
+  ASSERT_EQ(cudaFree(dev), cudaSuccess);
+  ASSERT_EQ(cudaStreamDestroy(stream), cudaSuccess);
+
+  pool.deallocate(p);
+  EXPECT_NO_THROW(pool.empty_cache());  // one cudaHostUnregister on the block's start
+  EXPECT_EQ(pool.stats().reserved_bytes, 0);
+  EXPECT_EQ(pool.detailed_stats().num_host_frees, 1);
+}
+
+// Stream 0 is the legacy default stream of the device current at record_stream: the event goes there.
+TEST_P(PinnedPoolDeviceTest, RecordOnTheDefaultStream) {
+  PinnedPool pool;
+  ASSERT_EQ(pool.source(), PinnedSource::CudaHostAlloc);
+  void* p = pool.allocate(4 * KiB);
+  pool.record_stream(p, 0);
+  pool.record_stream(p, 0);  // recorded once
+  pool.deallocate(p);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  EXPECT_EQ(pool.allocate(4 * KiB), p);  // the event has completed
+  memory::PinnedPoolStats s = pool.detailed_stats();
+  EXPECT_EQ(s.pending_blocks, 0);
+  EXPECT_EQ(s.num_cache_hits, 1);
+  EXPECT_EQ(s.totals.allocated_bytes, 4 * KiB);
+  pool.deallocate(p);
+}
+
 #else
 
 TEST_P(PinnedPoolDeviceTest, RecordStreamDefersReuse) { GTEST_SKIP() << "built without CUDA"; }
+TEST_P(PinnedPoolDeviceTest, HostRegisterPinsTheWholeBlockOnce) { GTEST_SKIP() << "built without CUDA"; }
+TEST_P(PinnedPoolDeviceTest, RecordOnTheDefaultStream) { GTEST_SKIP() << "built without CUDA"; }
 
 #endif
 
