@@ -8,44 +8,20 @@
 
 #include "ember/base/error.h"
 #include "ember/memory/caching_allocator.h"
+#include "tests/memory/caching_test_util.h"
 
 using namespace ember;
 using namespace ember::memory;
+using namespace caching_test;
 
-// Defined in test_caching_allocator.cpp: an independent recount of the allocator's state from snapshot();
-// returns "" when every invariant holds.
-std::string verify_caching_allocator(CachingAllocator& a);
 
 namespace {
 
-constexpr int64_t KiB = 1024;
-constexpr int64_t MiB = kMiB;
-constexpr int64_t GiB = 1024 * MiB;
 
-std::unique_ptr<CachingAllocator> make_allocator(int64_t capacity, const std::string& conf = "") {
-  return std::make_unique<CachingAllocator>(make_simulated_backing(capacity, false), parse_alloc_config(conf));
-}
 
-SimulatedBacking& sim_of(CachingAllocator& a) { return dynamic_cast<SimulatedBacking&>(a.backing()); }
 
-uint64_t addr(const void* p) { return reinterpret_cast<uint64_t>(p); }
 
-const BlockSnapshot* find_block(const std::vector<SegmentSnapshot>& snap, const void* p,
-                                const SegmentSnapshot** seg_out = nullptr) {
-  for (const SegmentSnapshot& s : snap)
-    for (const BlockSnapshot& b : s.blocks)
-      if (b.addr == addr(p)) {
-        if (seg_out) *seg_out = &s;
-        return &b;
-      }
-  return nullptr;
-}
 
-bool has_segment_at(const std::vector<SegmentSnapshot>& snap, const void* p) {
-  for (const SegmentSnapshot& s : snap)
-    if (s.addr == addr(p)) return true;
-  return false;
-}
 
 int64_t block_size_of(CachingAllocator& a, const void* p) {
   const std::vector<SegmentSnapshot> snap = a.snapshot();

@@ -9,30 +9,18 @@
 
 #include "ember/base/error.h"
 #include "ember/memory/caching_allocator.h"
+#include "tests/memory/caching_test_util.h"
 
 using namespace ember;
 using namespace ember::memory;
+using namespace caching_test;
 
-// Defined in test_caching_allocator.cpp: an independent recount of the allocator's state from snapshot();
-// returns "" when every invariant holds.
-std::string verify_caching_allocator(CachingAllocator& a);
 
 namespace {
 
-constexpr int64_t MiB = kMiB;
-constexpr int64_t GiB = 1024 * MiB;
 
-std::unique_ptr<CachingAllocator> make_allocator(int64_t capacity, const std::string& conf = "") {
-  return std::make_unique<CachingAllocator>(make_simulated_backing(capacity, false), parse_alloc_config(conf));
-}
 
-bool has_segment_at(const std::vector<SegmentSnapshot>& snap, const void* p) {
-  for (const SegmentSnapshot& s : snap)
-    if (s.addr == reinterpret_cast<uint64_t>(p)) return true;
-  return false;
-}
 
-bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
 
 // Runs `fn`, which must throw OutOfMemoryError; returns it (or fails the test).
 template <class F>
