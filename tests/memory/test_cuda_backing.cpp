@@ -15,6 +15,8 @@
 #if defined(EMBER_WITH_CUDA)
 #include <cuda_runtime.h>
 
+#include "tests/memory/cuda_stream_gate.h"
+
 #include "ember/memory/caching_allocator.h"
 #endif
 
@@ -36,21 +38,8 @@ namespace {
 constexpr int64_t MiB = 1024 * 1024;
 constexpr int64_t GiB = 1024 * MiB;
 
-void CUDART_CB wait_for_flag(void* flag) {
-  auto* go = static_cast<std::atomic<bool>*>(flag);
-  while (!go->load()) std::this_thread::yield();
-}
-
-// Lets a stream held by wait_for_flag run again, drains and destroys it, so a failing test never leaves it blocked.
-struct StreamGate {
-  std::atomic<bool>& go;
-  cudaStream_t stream;
-  ~StreamGate() {
-    go.store(true);
-    (void)cudaStreamSynchronize(stream);
-    (void)cudaStreamDestroy(stream);
-  }
-};
+using cuda_test::StreamGate;
+using cuda_test::wait_for_flag;
 
 // Reads `n` bytes of device memory at `p` back to the host.
 std::vector<unsigned char> read_back(const void* p, int64_t n) {

@@ -16,6 +16,8 @@
 
 #if defined(EMBER_WITH_CUDA)
 #include <cuda_runtime.h>
+
+#include "tests/memory/cuda_stream_gate.h"
 #endif
 
 using namespace ember;
@@ -336,21 +338,8 @@ class PinnedPoolDeviceTest : public ember::testing::DeviceTest {
 #if defined(EMBER_WITH_CUDA)
 
 namespace {
-void CUDART_CB wait_for_flag(void* flag) {
-  auto* go = static_cast<std::atomic<bool>*>(flag);
-  while (!go->load()) std::this_thread::yield();
-}
-
-// Lets a stream held by wait_for_flag run again, drains and destroys it, so a failing test never leaves it blocked.
-struct StreamGate {
-  std::atomic<bool>& go;
-  cudaStream_t stream;
-  ~StreamGate() {
-    go.store(true);
-    (void)cudaStreamSynchronize(stream);
-    (void)cudaStreamDestroy(stream);
-  }
-};
+using cuda_test::StreamGate;
+using cuda_test::wait_for_flag;
 }  // namespace
 
 TEST_P(PinnedPoolDeviceTest, RecordStreamDefersReuse) {

@@ -1,0 +1,29 @@
+// Test helper for stream semantics on a GPU (CUDA builds only): hold a stream busy with a host function until a
+// flag is set, and a guard that releases, drains and destroys it even when a test bails out early.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <atomic>
+#include <thread>
+
+namespace cuda_test {
+
+// Host function for cudaLaunchHostFunc: spins until *flag (a std::atomic<bool>) is true.
+inline void CUDART_CB wait_for_flag(void* flag) {
+  auto* go = static_cast<std::atomic<bool>*>(flag);
+  while (!go->load()) std::this_thread::yield();
+}
+
+// Lets a stream held by wait_for_flag run again, drains and destroys it, so a failing test never leaves it blocked.
+struct StreamGate {
+  std::atomic<bool>& go;
+  cudaStream_t stream;
+  ~StreamGate() {
+    go.store(true);
+    (void)cudaStreamSynchronize(stream);
+    (void)cudaStreamDestroy(stream);
+  }
+};
+
+}  // namespace cuda_test
