@@ -7,6 +7,7 @@
 #include "ember/core/dtype.h"
 #include "ember/core/generator.h"
 #include "ember/core/tensor.h"
+#include "ember/autograd/functions.h"
 #include "ember/kernels/ops.h"
 #include "ember/memory/allocator.h"
 #include "ember/memory/caching_allocator.h"

@@ -1,6 +1,7 @@
 // The op set: what users and the layers above call. Each function checks its arguments (typed errors naming the op,
 // shapes, dtypes and devices), promotes dtypes, broadcasts, allocates the result and calls the kernel of the
-// inputs' device through the dispatch table (stubs.h). No autograd here: the autograd layer wraps these.
+// inputs' device through the dispatch table (stubs.h). No autograd here: these are `ember::ops::*`; the autograd
+// layer (autograd/functions.h) defines the differentiable `ember::*` functions users call, which wrap these.
 #pragma once
 
 #include <optional>
@@ -10,6 +11,25 @@
 #include "ember/kernels/stubs.h"
 
 namespace ember {
+
+enum class GeluApprox { None, Tanh };
+struct LayerNormResult {
+  Tensor out, mean, rstd;  // mean/rstd: shape of x without the normalised dims
+};
+struct MaxPoolResult {
+  Tensor out, indices;
+};
+struct DropoutResult {
+  Tensor out, mask;  // mask: bool
+};
+
+// ---- shared argument checks (used by every front end) ----------------------------------------------------------
+// Throws DeviceError naming `op` unless all defined tensors are on one device; returns that device.
+Device common_device(const char* op, std::initializer_list<const Tensor*> ts);
+// Throws DTypeError naming `op` unless t is floating.
+void check_floating(const char* op, const Tensor& t);
+
+namespace ops {
 
 // ---- elementwise (broadcasting, type promotion; f16/bf16 computed in f32) --------------------------------------
 Tensor add(const Tensor& a, const Tensor& b);
@@ -41,7 +61,6 @@ Tensor rsqrt(const Tensor& x);
 Tensor tanh(const Tensor& x);
 Tensor sigmoid(const Tensor& x);
 Tensor relu(const Tensor& x);
-enum class GeluApprox { None, Tanh };
 Tensor gelu(const Tensor& x, GeluApprox approx = GeluApprox::None);
 Tensor silu(const Tensor& x);
 Tensor abs(const Tensor& x);
@@ -49,15 +68,6 @@ Tensor clamp(const Tensor& x, std::optional<double> min, std::optional<double> m
 Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b);  // cond: bool; broadcasts all three
 Tensor cast(const Tensor& x, DType dtype);                            // = x.to(dtype)
 
-Tensor operator+(const Tensor& a, const Tensor& b);
-Tensor operator-(const Tensor& a, const Tensor& b);
-Tensor operator*(const Tensor& a, const Tensor& b);
-Tensor operator/(const Tensor& a, const Tensor& b);
-Tensor operator-(const Tensor& a);
-Tensor operator+(const Tensor& a, Scalar b);
-Tensor operator-(const Tensor& a, Scalar b);
-Tensor operator*(const Tensor& a, Scalar b);
-Tensor operator/(const Tensor& a, Scalar b);
 
 // ---- reductions (dims may be negative; empty dims = all dims) --------------------------------------------------
 Tensor sum(const Tensor& x, const std::vector<int64_t>& dims = {}, bool keepdim = false);
@@ -78,9 +88,6 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor
 // ---- softmax, normalisation ------------------------------------------------------------------------------------
 Tensor softmax(const Tensor& x, int64_t dim);
 Tensor log_softmax(const Tensor& x, int64_t dim);
-struct LayerNormResult {
-  Tensor out, mean, rstd;  // mean/rstd: shape of x without the normalised dims
-};
 LayerNormResult layer_norm_with_stats(const Tensor& x, const Shape& normalized_shape, const Tensor& weight,
                                       const Tensor& bias, double eps = 1e-5);
 Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& weight = Tensor(),
@@ -93,25 +100,14 @@ Tensor embedding_backward(const Tensor& grad_out, const Tensor& indices, int64_t
 
 // ---- convolution, pooling ------------------------------------------------------------------------------------------
 Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor(), const Conv2dParams& p = {});
-struct MaxPoolResult {
-  Tensor out, indices;
-};
 MaxPoolResult max_pool2d_with_indices(const Tensor& x, const Pool2dParams& p);
 Tensor max_pool2d(const Tensor& x, const Pool2dParams& p);
 Tensor avg_pool2d(const Tensor& x, const Pool2dParams& p);
 
 // ---- dropout -------------------------------------------------------------------------------------------------------
-struct DropoutResult {
-  Tensor out, mask;  // mask: bool
-};
 // Draws from the default generator (Note [Philox stream]); train=false returns x unchanged.
 DropoutResult dropout_with_mask(const Tensor& x, double p, bool train = true);
 Tensor dropout(const Tensor& x, double p, bool train = true);
 
-// ---- shared argument checks (used by every front end) ----------------------------------------------------------
-// Throws DeviceError naming `op` unless all defined tensors are on one device; returns that device.
-Device common_device(const char* op, std::initializer_list<const Tensor*> ts);
-// Throws DTypeError naming `op` unless t is floating.
-void check_floating(const char* op, const Tensor& t);
-
+}  // namespace ops
 }  // namespace ember

@@ -15,6 +15,8 @@ EMBER_DEFINE_STUB(unary, UnaryFn);
 EMBER_DEFINE_STUB(binary, BinaryFn);
 EMBER_DEFINE_STUB(where, WhereFn);
 
+namespace ops {
+
 namespace {
 
 void check_defined(const char* op, const Tensor& t, const char* what) {
@@ -179,15 +181,5 @@ Tensor cast(const Tensor& x, DType dtype) {
   return x.to(dtype);
 }
 
-// ---- operators -------------------------------------------------------------------------------------------------
-Tensor operator+(const Tensor& a, const Tensor& b) { return add(a, b); }
-Tensor operator-(const Tensor& a, const Tensor& b) { return sub(a, b); }
-Tensor operator*(const Tensor& a, const Tensor& b) { return mul(a, b); }
-Tensor operator/(const Tensor& a, const Tensor& b) { return div(a, b); }
-Tensor operator-(const Tensor& a) { return neg(a); }
-Tensor operator+(const Tensor& a, Scalar b) { return add(a, b); }
-Tensor operator-(const Tensor& a, Scalar b) { return sub(a, b); }
-Tensor operator*(const Tensor& a, Scalar b) { return mul(a, b); }
-Tensor operator/(const Tensor& a, Scalar b) { return div(a, b); }
-
+}  // namespace ops
 }  // namespace ember

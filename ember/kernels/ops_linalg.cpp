@@ -7,6 +7,8 @@ namespace ember {
 
 EMBER_DEFINE_STUB(bmm, BmmFn);
 
+namespace ops {
+
 namespace {
 
 void check_operands(const char* op, const Tensor& a, const Tensor& b) {
@@ -93,4 +95,5 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   return bias.defined() ? add(y, bias) : y;
 }
 
+}  // namespace ops
 }  // namespace ember

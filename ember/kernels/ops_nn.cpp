@@ -17,6 +17,8 @@ EMBER_DEFINE_STUB(max_pool2d, MaxPool2dFn);
 EMBER_DEFINE_STUB(avg_pool2d, AvgPool2dFn);
 EMBER_DEFINE_STUB(dropout, DropoutFn);
 
+namespace ops {
+
 namespace {
 
 void check_index_dtype(const char* op, const Tensor& indices) {
@@ -185,4 +187,5 @@ DropoutResult dropout_with_mask(const Tensor& x, double p, bool train) { return 
 
 Tensor dropout(const Tensor& x, double p, bool train) { return dropout_impl(x, p, train, false).out; }
 
+}  // namespace ops
 }  // namespace ember

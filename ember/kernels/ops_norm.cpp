@@ -8,6 +8,8 @@ namespace ember {
 EMBER_DEFINE_STUB(softmax, SoftmaxFn);
 EMBER_DEFINE_STUB(layer_norm, LayerNormFn);
 
+namespace ops {
+
 namespace {
 
 Tensor softmax_front(const char* op, const Tensor& x, int64_t dim, bool log) {
@@ -64,4 +66,5 @@ Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& 
   return layer_norm_with_stats(x, normalized_shape, weight, bias, eps).out;
 }
 
+}  // namespace ops
 }  // namespace ember

@@ -9,6 +9,8 @@ namespace ember {
 
 EMBER_DEFINE_STUB(reduce, ReduceFn);
 
+namespace ops {
+
 namespace {
 
 const char* reduce_op_name(ReduceOp op) {
@@ -124,4 +126,5 @@ Tensor argmin(const Tensor& x, std::optional<int64_t> dim, bool keepdim) {
   return arg_front(ReduceOp::ArgMin, x, dim, keepdim);
 }
 
+}  // namespace ops
 }  // namespace ember

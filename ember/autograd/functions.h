@@ -1,0 +1,93 @@
+// The differentiable op set users call: `ember::add`, `ember::matmul`, `a + b`, ... Each function runs the kernel
+// front end (`ember::ops::*`, kernels/ops.h) and, when grad mode is on and an input requires grad, records a node
+// holding what its backward formula needs (autograd/formulas_*.cpp). Non-differentiable ops (comparisons, argmax)
+// are the kernel front ends themselves, re-exported here so every op is spelled `ember::name`.
+#pragma once
+
+#include <optional>
+#include <vector>
+
+#include "ember/kernels/ops.h"
+
+namespace ember {
+
+// ---- elementwise ---------------------------------------------------------------------------------------------
+Tensor add(const Tensor& a, const Tensor& b);
+Tensor sub(const Tensor& a, const Tensor& b);
+Tensor mul(const Tensor& a, const Tensor& b);
+Tensor div(const Tensor& a, const Tensor& b);
+Tensor pow(const Tensor& a, const Tensor& b);
+Tensor pow(const Tensor& a, double exponent);
+Tensor maximum(const Tensor& a, const Tensor& b);  // ties split the gradient evenly (PyTorch)
+Tensor minimum(const Tensor& a, const Tensor& b);
+Tensor add(const Tensor& a, Scalar b);
+Tensor sub(const Tensor& a, Scalar b);
+Tensor mul(const Tensor& a, Scalar b);
+Tensor div(const Tensor& a, Scalar b);
+
+Tensor neg(const Tensor& x);
+Tensor exp(const Tensor& x);
+Tensor log(const Tensor& x);
+Tensor sqrt(const Tensor& x);
+Tensor rsqrt(const Tensor& x);
+Tensor tanh(const Tensor& x);
+Tensor sigmoid(const Tensor& x);
+Tensor relu(const Tensor& x);
+Tensor gelu(const Tensor& x, GeluApprox approx = GeluApprox::None);
+Tensor silu(const Tensor& x);
+Tensor abs(const Tensor& x);
+Tensor clamp(const Tensor& x, std::optional<double> min, std::optional<double> max);
+Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b);
+Tensor cast(const Tensor& x, DType dtype);
+
+using ops::eq;
+using ops::ge;
+using ops::gt;
+using ops::le;
+using ops::lt;
+using ops::ne;
+
+Tensor operator+(const Tensor& a, const Tensor& b);
+Tensor operator-(const Tensor& a, const Tensor& b);
+Tensor operator*(const Tensor& a, const Tensor& b);
+Tensor operator/(const Tensor& a, const Tensor& b);
+Tensor operator-(const Tensor& a);
+Tensor operator+(const Tensor& a, Scalar b);
+Tensor operator-(const Tensor& a, Scalar b);
+Tensor operator*(const Tensor& a, Scalar b);
+Tensor operator/(const Tensor& a, Scalar b);
+
+// ---- reductions ----------------------------------------------------------------------------------------------
+Tensor sum(const Tensor& x, const std::vector<int64_t>& dims = {}, bool keepdim = false);
+Tensor mean(const Tensor& x, const std::vector<int64_t>& dims = {}, bool keepdim = false);
+Tensor amax(const Tensor& x, const std::vector<int64_t>& dims = {}, bool keepdim = false);  // ties share evenly
+Tensor amin(const Tensor& x, const std::vector<int64_t>& dims = {}, bool keepdim = false);
+Tensor var(const Tensor& x, const std::vector<int64_t>& dims = {}, int64_t correction = 1, bool keepdim = false);
+using ops::argmax;
+using ops::argmin;
+
+// ---- linear algebra ------------------------------------------------------------------------------------------
+Tensor matmul(const Tensor& a, const Tensor& b);
+Tensor bmm(const Tensor& a, const Tensor& b);
+Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor());
+
+// ---- softmax, normalisation ----------------------------------------------------------------------------------
+Tensor softmax(const Tensor& x, int64_t dim);
+Tensor log_softmax(const Tensor& x, int64_t dim);
+// out is differentiable; mean and rstd are statistics (no gradient flows through them).
+LayerNormResult layer_norm_with_stats(const Tensor& x, const Shape& normalized_shape, const Tensor& weight,
+                                      const Tensor& bias, double eps = 1e-5);
+Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& weight = Tensor(),
+                  const Tensor& bias = Tensor(), double eps = 1e-5);
+
+// ---- embedding, convolution, pooling, dropout ------------------------------------------------------------------
+Tensor embedding(const Tensor& weight, const Tensor& indices);  // differentiable in weight
+using ops::embedding_backward;
+Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor(), const Conv2dParams& p = {});
+MaxPoolResult max_pool2d_with_indices(const Tensor& x, const Pool2dParams& p);  // indices: no gradient
+Tensor max_pool2d(const Tensor& x, const Pool2dParams& p);
+Tensor avg_pool2d(const Tensor& x, const Pool2dParams& p);
+DropoutResult dropout_with_mask(const Tensor& x, double p, bool train = true);  // mask: no gradient
+Tensor dropout(const Tensor& x, double p, bool train = true);
+
+}  // namespace ember
