@@ -1,4 +1,5 @@
-// ember: one include for users — tensors, devices, dtypes, the op set and the allocator statistics.
+// ember: one include for users — tensors, devices, dtypes, the differentiable op set, autograd and the allocator
+// statistics.
 // Invariant: includes only public headers; nothing here pulls in Eigen or CUDA headers.
 #pragma once
 
@@ -6,8 +7,13 @@
 #include "ember/core/device.h"
 #include "ember/core/dtype.h"
 #include "ember/core/generator.h"
+#include "ember/core/grad_mode.h"
 #include "ember/core/tensor.h"
+#include "ember/autograd/anomaly.h"
+#include "ember/autograd/engine.h"
 #include "ember/autograd/functions.h"
+#include "ember/autograd/hooks.h"
+#include "ember/autograd/saved_hooks.h"
 #include "ember/kernels/ops.h"
 #include "ember/memory/allocator.h"
 #include "ember/memory/caching_allocator.h"

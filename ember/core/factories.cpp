@@ -5,6 +5,7 @@
 
 #include "ember/core/core_stubs.h"
 #include "ember/core/generator.h"
+#include "ember/core/grad_mode.h"
 #include "ember/core/philox.h"
 #include "ember/core/tensor.h"
 
@@ -40,6 +41,7 @@ Tensor empty_strided(const Shape& shape, const Shape& strides, TensorOptions opt
   impl->sizes = shape;
   impl->strides = strides;
   impl->dtype = opts.dtype;
+  impl->is_inference = InferenceMode::is_enabled();
   return Tensor(std::move(impl));
 }
 

@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "ember/core/core_stubs.h"
+#include "ember/core/grad_mode.h"
 #include "ember/memory/cuda_device.h"
 
 namespace ember {
@@ -43,7 +44,7 @@ void* Tensor::raw_data() const {
   return static_cast<char*>(base) + impl().offset * itemsize();
 }
 
-Tensor Tensor::make_view(Shape sizes, Shape strides, int64_t offset, const char* op) const {
+Tensor Tensor::make_view(Shape sizes, Shape strides, int64_t offset, const char* op, const ViewInfo* info) const {
   EMBER_CHECK(sizes.size() == strides.size(), ShapeError, op, ": ", sizes.size(), " sizes but ", strides.size(),
               " strides");
   check_sizes(sizes, op);
@@ -68,13 +69,32 @@ Tensor Tensor::make_view(Shape sizes, Shape strides, int64_t offset, const char*
   v->strides = std::move(strides);
   v->offset = offset;
   v->dtype = dtype();
-  return Tensor(std::move(v));
+  v->is_inference = impl().is_inference;
+  Tensor out(std::move(v));
+  if (info != nullptr && impl().autograd_meta != nullptr) autograd_hooks().record_view(*this, out, *info);
+  return out;
 }
 
-Tensor Tensor::alias() const { return make_view(sizes(), strides(), storage_offset(), "alias"); }
+namespace {
+ViewInfo view_info(ViewKind kind, int64_t dim = 0, int64_t start = 0, int64_t step = 1, std::vector<int64_t> dims = {}) {
+  ViewInfo i;
+  i.kind = kind;
+  i.dim = dim;
+  i.start = start;
+  i.step = step;
+  i.dims = std::move(dims);
+  return i;
+}
+const ViewInfo kReshapeInfo = view_info(ViewKind::Reshape);
+const ViewInfo kAliasInfo = view_info(ViewKind::Alias);
+const ViewInfo kExpandInfo = view_info(ViewKind::Expand);
+const ViewInfo kAsStridedInfo = view_info(ViewKind::AsStrided);
+}  // namespace
+
+Tensor Tensor::alias() const { return make_view(sizes(), strides(), storage_offset(), "alias", &kAliasInfo); }
 
 Tensor Tensor::as_strided(const Shape& sz, const Shape& st, int64_t offset) const {
-  return make_view(sz, st, offset, "as_strided");
+  return make_view(sz, st, offset, "as_strided", &kAsStridedInfo);
 }
 
 namespace {
@@ -139,12 +159,12 @@ Tensor Tensor::view(const Shape& shape) const {
   auto st = view_strides(sizes(), strides(), sz);
   EMBER_CHECK(st.has_value(), ShapeError, "view: cannot view ", description(), " with strides ", shape_str(strides()),
               " as ", shape_str(sz), " without a copy; use reshape() or contiguous() first");
-  return make_view(std::move(sz), std::move(*st), storage_offset(), "view");
+  return make_view(std::move(sz), std::move(*st), storage_offset(), "view", &kReshapeInfo);
 }
 
 Tensor Tensor::reshape(const Shape& shape) const {
   Shape sz = infer_size(shape, numel(), "reshape", sizes());
-  if (auto st = view_strides(sizes(), strides(), sz)) return make_view(std::move(sz), std::move(*st), storage_offset(), "reshape");
+  if (auto st = view_strides(sizes(), strides(), sz)) return make_view(std::move(sz), std::move(*st), storage_offset(), "reshape", &kReshapeInfo);
   return contiguous().view(sz);
 }
 
@@ -166,7 +186,8 @@ Tensor Tensor::transpose(int64_t d0, int64_t d1) const {
   Shape sz = sizes(), st = strides();
   std::swap(sz[a], sz[b]);
   std::swap(st[a], st[b]);
-  return make_view(std::move(sz), std::move(st), storage_offset(), "transpose");
+  const ViewInfo info = view_info(ViewKind::Transpose, 0, 0, 1, {a, b});
+  return make_view(std::move(sz), std::move(st), storage_offset(), "transpose", &info);
 }
 
 Tensor Tensor::t() const {
@@ -186,7 +207,10 @@ Tensor Tensor::permute(const std::vector<int64_t>& dims) const {
     sz[i] = sizes()[d];
     st[i] = strides()[d];
   }
-  return make_view(std::move(sz), std::move(st), storage_offset(), "permute");
+  std::vector<int64_t> wrapped(dims.size());
+  for (size_t i = 0; i < dims.size(); ++i) wrapped[i] = wrap_dim(dims[i], dim(), "permute");
+  const ViewInfo info = view_info(ViewKind::Permute, 0, 0, 1, std::move(wrapped));
+  return make_view(std::move(sz), std::move(st), storage_offset(), "permute", &info);
 }
 
 Tensor Tensor::slice(int64_t d, int64_t start, int64_t end, int64_t step) const {
@@ -199,7 +223,8 @@ Tensor Tensor::slice(int64_t d, int64_t start, int64_t end, int64_t step) const 
   Shape sz = sizes(), st = strides();
   sz[w] = e == s ? 0 : (e - s - 1) / step + 1;
   st[w] = strides()[w] * step;
-  return make_view(std::move(sz), std::move(st), storage_offset() + s * strides()[w], "slice");
+  const ViewInfo info = view_info(ViewKind::Slice, w, s, step);
+  return make_view(std::move(sz), std::move(st), storage_offset() + s * strides()[w], "slice", &info);
 }
 
 Tensor Tensor::narrow(int64_t d, int64_t start, int64_t length) const {
@@ -222,7 +247,8 @@ Tensor Tensor::select(int64_t d, int64_t index) const {
   const int64_t off = storage_offset() + i * st[w];
   sz.erase(sz.begin() + w);
   st.erase(st.begin() + w);
-  return make_view(std::move(sz), std::move(st), off, "select");
+  const ViewInfo info = view_info(ViewKind::Select, w, i);
+  return make_view(std::move(sz), std::move(st), off, "select", &info);
 }
 
 Tensor Tensor::expand(const Shape& shape) const {
@@ -250,7 +276,7 @@ Tensor Tensor::expand(const Shape& shape) const {
       st[i] = 0;
     }
   }
-  return make_view(std::move(sz), std::move(st), storage_offset(), "expand");
+  return make_view(std::move(sz), std::move(st), storage_offset(), "expand", &kExpandInfo);
 }
 
 Tensor Tensor::squeeze() const {
@@ -260,7 +286,7 @@ Tensor Tensor::squeeze() const {
       sz.push_back(sizes()[i]);
       st.push_back(strides()[i]);
     }
-  return make_view(std::move(sz), std::move(st), storage_offset(), "squeeze");
+  return make_view(std::move(sz), std::move(st), storage_offset(), "squeeze", &kReshapeInfo);
 }
 
 Tensor Tensor::squeeze(int64_t d) const {
@@ -269,7 +295,7 @@ Tensor Tensor::squeeze(int64_t d) const {
   Shape sz = sizes(), st = strides();
   sz.erase(sz.begin() + w);
   st.erase(st.begin() + w);
-  return make_view(std::move(sz), std::move(st), storage_offset(), "squeeze");
+  return make_view(std::move(sz), std::move(st), storage_offset(), "squeeze", &kReshapeInfo);
 }
 
 Tensor Tensor::unsqueeze(int64_t d) const {
@@ -278,7 +304,7 @@ Tensor Tensor::unsqueeze(int64_t d) const {
   const int64_t new_stride = w < dim() ? sizes()[w] * strides()[w] : 1;
   sz.insert(sz.begin() + w, 1);
   st.insert(st.begin() + w, new_stride);
-  return make_view(std::move(sz), std::move(st), storage_offset(), "unsqueeze");
+  return make_view(std::move(sz), std::move(st), storage_offset(), "unsqueeze", &kReshapeInfo);
 }
 
 // ---- data movement ---------------------------------------------------------------------------------------------
@@ -290,7 +316,11 @@ Tensor Tensor::contiguous() const {
 
 Tensor Tensor::clone() const {
   Tensor out = empty(sizes(), {dtype(), device()});
-  out.copy_(*this);
+  {
+    NoGradGuard no_grad;  // the copy is recorded once, below, not as an in-place write into `out`
+    out.copy_(*this);
+  }
+  if (impl().autograd_meta != nullptr) autograd_hooks().record_copy("clone", *this, out);
   return out;
 }
 
@@ -300,7 +330,11 @@ Tensor Tensor::to(DType dt) const { return to(device(), dt); }
 Tensor Tensor::to(Device dev, DType dt) const {
   if (dev == device() && dt == dtype()) return *this;
   Tensor out = empty(sizes(), {dt, dev});
-  out.copy_(*this);
+  {
+    NoGradGuard no_grad;
+    out.copy_(*this);
+  }
+  if (impl().autograd_meta != nullptr) autograd_hooks().record_copy("to", *this, out);
   return out;
 }
 
@@ -333,13 +367,37 @@ bool needs_staging(const Tensor& src, const Tensor& dst) {
 
 }  // namespace
 
+// Autograd sees in-place writes twice: before (may refuse: a leaf that requires grad, a view of one) and after
+// (rewires the destination's history). The copy itself runs without recording anything.
+void Tensor::check_inplace_write(const char* op, const Tensor* src) const {
+  EMBER_CHECK(!impl().is_inference || InferenceMode::is_enabled(), ValueError, op, ": in-place update of the inference "
+              "tensor ", description(), " outside InferenceMode; clone() it inside inference mode or use a normal tensor");
+  if (impl().autograd_meta != nullptr || (src != nullptr && src->impl().autograd_meta != nullptr))
+    autograd_hooks().check_inplace(op, *this, src);
+}
+
+void Tensor::record_inplace_write(const char* op, const Tensor* src) const {
+  if (impl().autograd_meta != nullptr || (src != nullptr && src->impl().autograd_meta != nullptr))
+    autograd_hooks().record_inplace(op, *this, src);
+}
+
 Tensor& Tensor::copy_(const Tensor& src) {
   EMBER_CHECK(src.defined(), ValueError, "copy_: source is an undefined tensor");
+  check_inplace_write("copy_", &src);
+  {
+    NoGradGuard no_grad;
+    copy_data(src);
+  }
+  record_inplace_write("copy_", &src);
+  return *this;
+}
+
+void Tensor::copy_data(const Tensor& src) const {
   Tensor s = src.expand(sizes());  // ShapeError when src does not broadcast to this shape
   const Device dd = device(), sd = src.device();
   if (numel() == 0 || dd.is_meta()) {
     bump_version();
-    return *this;
+    return;
   }
   EMBER_CHECK(!has_internal_overlap(*this), ValueError, "copy_: the destination ", description(), " with strides ",
               shape_str(strides()), " has elements that share memory (an expanded view); copy into a clone()");
@@ -349,11 +407,11 @@ Tensor& Tensor::copy_(const Tensor& src) {
     if (needs_staging(s, *this)) {  // Note [Overlapping copies]
       if (s.sizes() == sizes() && s.strides() == strides() && s.storage_offset() == storage_offset() &&
           s.dtype() == dtype())
-        return *this;
+        return;
       s = s.clone();
     }
     copy_stub.get(dd.type)(s, *this);
-    return *this;
+    return;
   }
   // Across devices. A host source is first made dense in the destination dtype on the host (casting is cheap there
   // and keeps device memory at one copy); bytes then move straight into the destination when it is contiguous, or
@@ -368,20 +426,53 @@ Tensor& Tensor::copy_(const Tensor& src) {
   const int cuda_index = dd.is_cuda() ? dd.index : sd.index;
   if (dense.dtype() == dtype() && is_contiguous()) {
     memory::cuda::copy_bytes(raw_data(), dense.raw_data(), dense.nbytes(), kind, cuda_index);
-    return *this;
+    return;
   }
   Tensor staged = empty(sizes(), {dense.dtype(), dd});
   memory::cuda::copy_bytes(staged.raw_data(), dense.raw_data(), dense.nbytes(), kind, cuda_index);
   copy_stub.get(dd.type)(staged, *this);
-  return *this;
+  return;
 }
 
 Tensor& Tensor::fill_(Scalar value) {
+  check_inplace_write("fill_", nullptr);
   bump_version();
-  if (numel() == 0 || device().is_meta()) return *this;
-  fill_stub.get(device().type)(*this, value);
+  if (numel() > 0 && !device().is_meta()) fill_stub.get(device().type)(*this, value);
+  record_inplace_write("fill_", nullptr);
   return *this;
 }
+
+// ---- autograd members: trivial answers for tensors autograd never saw, else the autograd layer's --------------
+
+bool Tensor::requires_grad() const {
+  return impl().autograd_meta != nullptr && autograd_hooks().requires_grad(*this);
+}
+const Tensor& Tensor::requires_grad_(bool requires_grad) const {
+  if (requires_grad || impl().autograd_meta != nullptr) autograd_hooks().set_requires_grad(*this, requires_grad);
+  return *this;
+}
+Tensor Tensor::grad() const { return impl().autograd_meta != nullptr ? autograd_hooks().grad(*this) : Tensor(); }
+void Tensor::set_grad(const Tensor& grad) const { autograd_hooks().set_grad(*this, grad); }
+bool Tensor::is_leaf() const { return impl().autograd_meta == nullptr || autograd_hooks().is_leaf(*this); }
+void Tensor::retain_grad() const { autograd_hooks().retain_grad(*this); }
+std::string Tensor::grad_fn_name() const {
+  return impl().autograd_meta != nullptr ? autograd_hooks().grad_fn_name(*this) : std::string();
+}
+void Tensor::backward(const Tensor& gradient, bool retain_graph) const {
+  autograd_hooks().backward(*this, gradient, retain_graph);
+}
+Tensor Tensor::detach() const { return make_view(sizes(), strides(), storage_offset(), "detach", nullptr); }
+
+namespace {
+const AutogradHooks* g_autograd_hooks = nullptr;
+}  // namespace
+
+const AutogradHooks& autograd_hooks() {
+  EMBER_CHECK(g_autograd_hooks != nullptr, ValueError, "autograd is not available (its hooks are not installed)");
+  return *g_autograd_hooks;
+}
+bool has_autograd_hooks() { return g_autograd_hooks != nullptr; }
+void set_autograd_hooks(const AutogradHooks* hooks) { g_autograd_hooks = hooks; }
 
 template <class T>
 std::vector<T> Tensor::to_vector() const {

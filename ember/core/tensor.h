@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "ember/core/autograd_hooks.h"
 #include "ember/core/device.h"
 #include "ember/core/dtype.h"
 #include "ember/core/scalar.h"
@@ -29,7 +30,8 @@ struct TensorImpl {
   Shape strides;
   int64_t offset = 0;  // in elements
   DType dtype = DType::f32;
-  std::shared_ptr<AutogradMetaBase> autograd_meta;
+  std::shared_ptr<AutogradMetaBase> autograd_meta;  // null for tensors autograd never saw (no grad, no history)
+  bool is_inference = false;  // allocated in inference mode (core/grad_mode.h); views inherit it
 };
 
 struct TensorOptions {
@@ -64,6 +66,7 @@ class Tensor {
   const Storage& storage() const { return impl().storage; }
   bool is_same(const Tensor& other) const { return impl_ == other.impl_; }
   TensorImpl* unsafe_impl() const { return impl_.get(); }
+  long use_count() const { return impl_.use_count(); }  // Tensor objects sharing this TensorImpl
   std::string description() const;  // "f32[2, 3] on cpu"
 
   // Pointer to the first element of this view (nullptr for meta / empty storage).
@@ -110,6 +113,20 @@ class Tensor {
   template <class T>
   std::vector<T> to_vector() const;    // all elements in row-major order, converted to T
 
+  // --- autograd (implemented by the autograd layer through core/autograd_hooks.h) --------------------------------
+  bool requires_grad() const;
+  const Tensor& requires_grad_(bool requires_grad = true) const;  // leaves only; floating dtypes only
+  Tensor grad() const;                      // undefined until a backward pass accumulates one
+  void set_grad(const Tensor& grad) const;  // replaces .grad (an undefined tensor clears it)
+  bool is_leaf() const;                     // true unless the tensor was produced by a recorded op
+  void retain_grad() const;                 // a non-leaf keeps its .grad after backward
+  std::string grad_fn_name() const;         // "MulBackward", ...; "" for leaves
+  // Computes the gradient of this tensor w.r.t. the leaves of its graph and accumulates it into their .grad.
+  // `gradient` may be omitted for a one-element tensor; the graph is freed unless retain_graph.
+  void backward(const Tensor& gradient = Tensor(), bool retain_graph = false) const;
+  Tensor detach() const;  // same storage and version counter, no history, requires_grad false
+  bool is_inference() const { return impl().is_inference; }
+
   // Marks an in-place write to this tensor's storage (autograd's version counter).
   void bump_version() const { impl().storage->bump_version(); }
   int64_t version() const { return impl().storage->version(); }
@@ -119,7 +136,11 @@ class Tensor {
     EMBER_CHECK(impl_ != nullptr, ValueError, "operation on an undefined tensor");
     return *impl_;
   }
-  Tensor make_view(Shape sizes, Shape strides, int64_t offset, const char* op) const;
+  // `info` describes the view for autograd (null: not recorded, e.g. detach).
+  void copy_data(const Tensor& src) const;  // copy_ without the autograd checks
+  void check_inplace_write(const char* op, const Tensor* src) const;
+  void record_inplace_write(const char* op, const Tensor* src) const;
+  Tensor make_view(Shape sizes, Shape strides, int64_t offset, const char* op, const ViewInfo* info) const;
   std::shared_ptr<TensorImpl> impl_;
 };
 

@@ -128,6 +128,47 @@ EMBER_HD_INLINE T unary_fn(UnaryOp op, T x, double p0, double p1) {
   return x;
 }
 
+// grad * d op(x)/dx for the floating unary ops (T is float or double). `s` is the saved forward value: the output y
+// where unary_backward_uses_output(op) (stubs.h), else the input x. Derivatives written in y avoid recomputing
+// exp/tanh/sqrt. The non-smooth points take PyTorch's subgradients: relu' = 0 and abs' = 0 at 0 (and for NaN x),
+// clamp passes the gradient where p0 <= x <= p1, and pow(x, 0)' is exactly 0 even where x^-1 is infinite.
+template <class T>
+EMBER_HD_INLINE T unary_backward_fn(UnaryOp op, T g, T s, double p0, double p1) {
+  switch (op) {
+    case UnaryOp::Neg: return -g;
+    case UnaryOp::Exp: return g * s;                          // y
+    case UnaryOp::Log: return g / s;                          // 1 / x
+    case UnaryOp::Sqrt: return g / (T(2) * s);                // 1 / (2 y)
+    case UnaryOp::Rsqrt: return T(-0.5) * g * (s * s * s);    // -x^-3/2 / 2 = -y^3 / 2
+    case UnaryOp::Tanh: return g * (T(1) - s * s);            // 1 - y^2
+    case UnaryOp::Sigmoid: return g * (s * (T(1) - s));       // y (1 - y)
+    case UnaryOp::Relu: return s > T(0) ? g : T(0);
+    case UnaryOp::GeluTanh: {
+      // y = x/2 (1 + t), t = tanh(u), u = k (x + c x^3): y' = (1 + t)/2 + x/2 (1 - t^2) k (1 + 3 c x^2)
+      const T k = T(0.7978845608028654), c = T(0.044715);
+      const T x2 = s * s;
+      const T t = ember_tanh(k * (s + c * x2 * s));
+      return g * (T(0.5) * (T(1) + t) + T(0.5) * s * (T(1) - t * t) * k * (T(1) + T(3) * c * x2));
+    }
+    case UnaryOp::GeluErf: {
+      // y = x Phi(x): y' = Phi(x) + x phi(x), phi(x) = exp(-x^2/2) / sqrt(2 pi)
+      const T cdf = T(0.5) * (T(1) + ember_erf(s * T(0.7071067811865476)));
+      const T pdf = ember_exp(T(-0.5) * s * s) * T(0.3989422804014327);
+      return g * (cdf + s * pdf);
+    }
+    case UnaryOp::Silu: {
+      const T sg = sigmoid_fn(s);  // y = x sg(x): y' = sg (1 + x (1 - sg))
+      return g * (sg * (T(1) + s * (T(1) - sg)));
+    }
+    case UnaryOp::Abs: return s > T(0) ? g : (s < T(0) ? -g : T(0));
+    case UnaryOp::Clamp: return (s >= T(p0) && s <= T(p1)) ? g : T(0);  // bounds in T, as the forward compares
+    case UnaryOp::PowScalar:
+      if (p0 == 0.0) return T(0);
+      return g * (T(p0) * ember_pow(s, T(p0 - 1.0)));
+  }
+  return g;
+}
+
 // The unary ops integer dtypes support (i32/i64/u8; they need no floating math): neg and abs wrap (abs of the
 // minimum is the minimum), relu, and clamp to [lo, hi] (bounds already in T; the front end saturates them).
 inline bool is_integer_unary(UnaryOp op) {

@@ -109,5 +109,19 @@ Tensor avg_pool2d(const Tensor& x, const Pool2dParams& p);
 DropoutResult dropout_with_mask(const Tensor& x, double p, bool train = true);
 Tensor dropout(const Tensor& x, double p, bool train = true);
 
+// ---- backward ops (the gradients autograd cannot compose from forward ops) -----------------------------------------
+// grad * d op(x)/dx; saved is the forward output when unary_backward_uses_output(op), else the forward input.
+// grad and saved: one shape, one floating dtype. params as the forward got them (see clamp and pow above).
+Tensor unary_backward(UnaryOp op, UnaryParams params, const Tensor& grad, const Tensor& saved);
+// Gradients of conv2d(x, weight, bias, p) with respect to x (of input_shape) and weight (of weight_shape).
+// The bias gradient is grad_out summed over N, H, W.
+Tensor conv2d_backward_input(const Tensor& grad_out, const Tensor& weight, const Shape& input_shape,
+                             const Conv2dParams& p = {});
+Tensor conv2d_backward_weight(const Tensor& grad_out, const Tensor& x, const Shape& weight_shape,
+                              const Conv2dParams& p = {});
+// grad_out and indices as returned by max_pool2d_with_indices on an input of input_shape.
+Tensor max_pool2d_backward(const Tensor& grad_out, const Tensor& indices, const Shape& input_shape);
+Tensor avg_pool2d_backward(const Tensor& grad_out, const Shape& input_shape, const Pool2dParams& p);
+
 }  // namespace ops
 }  // namespace ember

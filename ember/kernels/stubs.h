@@ -111,4 +111,36 @@ using DropoutFn = void (*)(const Tensor& in, double p, uint64_t seed, uint64_t o
                            const Tensor& mask);
 EMBER_DECLARE_STUB(dropout, DropoutFn);
 
+// ---- backward kernels ----------------------------------------------------------------------------------------------
+// The gradients the autograd layer needs that are not compositions of forward ops. Floating dtypes only; every
+// gradient output arrives freshly allocated, contiguous and uninitialised: kernels write each of its elements.
+
+// Whether unary_backward's `saved` is the forward output y (Exp, Tanh, Sigmoid, Sqrt, Rsqrt) rather than the forward
+// input x (every other op). Autograd saves the tensor this names.
+inline bool unary_backward_uses_output(UnaryOp op) {
+  return op == UnaryOp::Exp || op == UnaryOp::Tanh || op == UnaryOp::Sigmoid || op == UnaryOp::Sqrt ||
+         op == UnaryOp::Rsqrt;
+}
+// out = grad * d op(x)/dx, elementwise (kernels::unary_backward_fn in elementwise_math.h); grad, saved and out share
+// shape and a floating dtype; params as the forward op got them (Clamp: a missing bound is +-inf).
+using UnaryBackwardFn = void (*)(UnaryOp op, UnaryParams params, const Tensor& grad, const Tensor& saved,
+                                 const Tensor& out);
+EMBER_DECLARE_STUB(unary_backward, UnaryBackwardFn);
+
+// Gradients of conv2d (no bias) for grad_out [N, O, OH, OW]: grad_x [N, C, H, W] and grad_w [O, C/groups, KH, KW],
+// either undefined when not wanted. x is read only for grad_w and weight only for grad_x: the one not read is a
+// meta-device placeholder of the right shape and dtype (it holds no bytes); the kernel takes only its sizes.
+using Conv2dBackwardFn = void (*)(const Tensor& grad_out, const Tensor& x, const Tensor& weight,
+                                  const Conv2dParams& p, const Tensor& grad_x, const Tensor& grad_w);
+EMBER_DECLARE_STUB(conv2d_backward, Conv2dBackwardFn);
+
+// grad_in [N, C, H, W] = scatter-add of grad_out [N, C, OH, OW] at the i64 flat (h*W + w) plane indices of
+// max_pool2d_with_indices (same shape as grad_out); an index outside [0, H*W) raises IndexError.
+using MaxPool2dBackwardFn = void (*)(const Tensor& grad_out, const Tensor& indices, const Tensor& grad_in);
+// grad_in [N, C, H, W]: each grad_out element spread over its window's in-bounds inputs, divided by the forward's
+// divisor (count_include_pad: the window clipped to the padded input; else its in-bounds elements).
+using AvgPool2dBackwardFn = void (*)(const Tensor& grad_out, const Pool2dParams& p, const Tensor& grad_in);
+EMBER_DECLARE_STUB(max_pool2d_backward, MaxPool2dBackwardFn);
+EMBER_DECLARE_STUB(avg_pool2d_backward, AvgPool2dBackwardFn);
+
 }  // namespace ember

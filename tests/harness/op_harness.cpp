@@ -114,6 +114,8 @@ bool kept(const OpCase& c, size_t i) {
     if (k == i) return true;
   return false;
 }
+}  // namespace
+
 // Converts t to (dtype, device) keeping its exact sizes and strides, so non-contiguous and broadcast (stride 0)
 // inputs reach the kernel under test in every dtype and on every device, not only in f64 on the CPU.
 Tensor convert_keep_strides(const Tensor& t, DType dtype, Device device) {
@@ -127,6 +129,8 @@ Tensor convert_keep_strides(const Tensor& t, DType dtype, Device device) {
   out.copy_(compact);
   return out.expand(t.sizes());
 }
+
+namespace {
 Inputs convert_inputs(const OpCase& c, DType dtype, Device device) {
   Inputs out;
   for (size_t i = 0; i < c.inputs.size(); ++i) {

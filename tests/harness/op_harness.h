@@ -40,6 +40,9 @@ Tensor rand_indices(const Shape& shape, int64_t n);
 // Builds a non-contiguous f64 CPU view with the given shape: a transposed/strided slice of a bigger buffer.
 Tensor noncontiguous_input(const Shape& shape, double lo = -1.0, double hi = 1.0);
 
+// t converted to (dtype, device) with its sizes and strides kept (broadcast dims stay stride 0).
+Tensor convert_keep_strides(const Tensor& t, DType dtype, Device device);
+
 struct Tolerance {
   double rtol = 0.0, atol = 0.0;
 };

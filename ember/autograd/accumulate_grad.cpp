@@ -1,0 +1,54 @@
+// AccumulateGrad and the rule for adding gradients into .grad.
+#include "ember/autograd/accumulate_grad.h"
+
+#include "ember/kernels/ops.h"
+
+namespace ember::autograd {
+
+AccumulateGrad::AccumulateGrad(Tensor leaf) : Node("accumulate_grad"), leaf_(std::move(leaf)) {
+  input_meta().push_back(input_meta_of(leaf_));
+}
+
+void AccumulateGrad::run_pre_hooks(TensorList& grads) {
+  AutogradMeta* m = meta_of(leaf_);
+  if (m == nullptr || grads.empty() || !grads[0].defined()) return;
+  const auto hooks = m->leaf_hooks;  // a hook may register further hooks
+  for (const auto& hook : hooks) {
+    if (hook->removed) continue;
+    Tensor replaced = hook->fn(grads[0]);
+    if (replaced.defined()) grads[0] = std::move(replaced);
+  }
+}
+
+// Note [Gradient accumulation]
+// The first gradient a leaf receives becomes its .grad without a copy when it is dense and referenced by nothing
+// else (the engine hands over the last reference); otherwise it is copied, because an incoming gradient may be a
+// view (an expanded ones tensor from sum's backward) or be shared with another input (add passes one tensor to
+// both operands). Later gradients are added out of place, so a .grad the user holds keeps its value; gradients
+// therefore add up across backward() calls until the user clears them.
+void accumulate_into(Tensor& slot, const Tensor& incoming) {
+  if (!incoming.defined()) return;
+  if (!slot.defined()) {
+    const bool sole_owner = incoming.use_count() == 1 && incoming.storage().use_count() == 1 &&
+                            incoming.is_contiguous() && incoming.storage_offset() == 0 &&
+                            incoming.nbytes() == incoming.storage()->nbytes() && meta_of(incoming) == nullptr;
+    slot = sole_owner ? incoming : incoming.clone();
+    return;
+  }
+  slot = ops::add(slot, incoming);
+}
+
+TensorList AccumulateGrad::apply(TensorList&& grads) {
+  AutogradMeta* m = meta_of(leaf_);
+  if (m == nullptr || grads.empty() || !grads[0].defined()) return {};
+  Tensor g = std::move(grads[0]);
+  grads.clear();
+  accumulate_into(m->grad, g);
+  for (size_t i = 0; i < m->post_accumulate_hooks.size(); ++i) {
+    auto hook = m->post_accumulate_hooks[i];
+    if (!hook->removed) hook->fn(leaf_);
+  }
+  return {};
+}
+
+}  // namespace ember::autograd

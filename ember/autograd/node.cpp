@@ -1,0 +1,94 @@
+// Node bookkeeping, per-tensor autograd meta, gradient edges and history.
+#include "ember/autograd/node.h"
+
+#include <atomic>
+#include <cctype>
+
+#include "ember/autograd/accumulate_grad.h"
+
+namespace ember::autograd {
+
+namespace {
+std::atomic<uint64_t> g_next_sequence_nr{0};
+}  // namespace
+
+Node::Node(std::string op) : op_(std::move(op)), sequence_nr_(g_next_sequence_nr.fetch_add(1)) {}
+
+std::string Node::name() const {
+  std::string n;
+  bool up = true;
+  for (char c : op_) {
+    if (c == '_') {
+      up = true;
+      continue;
+    }
+    n += up ? static_cast<char>(std::toupper(static_cast<unsigned char>(c))) : c;
+    up = false;
+  }
+  return n + "Backward";
+}
+
+std::string Node::forward_description() const {
+  std::string s = op_ + "(";
+  for (size_t i = 0; i < input_meta_.size(); ++i) {
+    if (i > 0) s += ", ";
+    const InputMeta& m = input_meta_[i];
+    s += m.defined ? detail::concat(dtype_name(m.dtype), shape_str(m.sizes)) : std::string("undefined");
+  }
+  return s + ")";
+}
+
+void Node::add_pre_hook(uint32_t output_nr, std::shared_ptr<HookEntry> hook) {
+  pre_hooks_.emplace_back(output_nr, std::move(hook));
+}
+
+void Node::run_pre_hooks(TensorList& grads) {
+  for (auto& [nr, hook] : pre_hooks_) {
+    if (hook->removed || nr >= grads.size() || !grads[nr].defined()) continue;
+    Tensor replaced = hook->fn(grads[nr]);
+    if (replaced.defined()) grads[nr] = std::move(replaced);
+  }
+}
+
+AutogradMeta* meta_of(const Tensor& t) {
+  if (!t.defined()) return nullptr;
+  return static_cast<AutogradMeta*>(t.unsafe_impl()->autograd_meta.get());
+}
+
+AutogradMeta& get_or_create_meta(const Tensor& t) {
+  TensorImpl* impl = t.unsafe_impl();
+  if (impl->autograd_meta == nullptr) impl->autograd_meta = std::make_shared<AutogradMeta>();
+  return *static_cast<AutogradMeta*>(impl->autograd_meta.get());
+}
+
+bool requires_grad(const Tensor& t) {
+  const AutogradMeta* m = meta_of(t);
+  return m != nullptr && (m->requires_grad || m->grad_fn != nullptr);
+}
+
+Edge gradient_edge(const Tensor& t) {
+  AutogradMeta* m = meta_of(t);
+  if (m == nullptr) return {};
+  if (m->grad_fn) return {m->grad_fn, m->output_nr};
+  if (!m->requires_grad) return {};
+  std::shared_ptr<Node> acc = m->grad_accumulator.lock();
+  if (!acc) {
+    acc = std::make_shared<AccumulateGrad>(t);
+    m->grad_accumulator = acc;
+  }
+  return {acc, 0};
+}
+
+InputMeta input_meta_of(const Tensor& t) {
+  if (!t.defined()) return {};
+  return InputMeta{true, t.sizes(), t.dtype(), t.device()};
+}
+
+void set_history(const Tensor& t, const std::shared_ptr<Node>& node, uint32_t output_nr) {
+  AutogradMeta& m = get_or_create_meta(t);
+  m.grad_fn = node;
+  m.output_nr = output_nr;
+  m.requires_grad = true;
+}
+
+}  // namespace ember::autograd
