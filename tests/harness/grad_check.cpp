@@ -121,9 +121,10 @@ void check_grad(const GradCase& c, Device device) {
     Inputs rounded_inputs;
     GradCase rc = c;
     for (const Tensor& t : c.inputs)
-      rounded_inputs.push_back(t.defined() && is_floating(t.dtype()) ? convert_keep_strides(t, dt, Device::cpu())
-                                                                           .to(DType::f64)
-                                                                     : t);
+      rounded_inputs.push_back(t.defined() && is_floating(t.dtype())
+                                   ? convert_keep_strides(convert_keep_strides(t, dt, Device::cpu()), DType::f64,
+                                                          Device::cpu())
+                                   : t);
     rc.inputs = rounded_inputs;
     Prepared ref = prepare(rc, DType::f64, device);
     const Tensor out_low = c.fn(low.args);

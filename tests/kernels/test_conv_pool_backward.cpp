@@ -265,6 +265,30 @@ TEST(Conv2dBackwardErrors, ShapesDTypesParamsDevices) {
   EXPECT_EQ(gw.sizes(), (Shape{16, 3, 5, 5}));
 }
 
+// Note [Kernel workspace] (conv_pool.cpp): the backward's column matrices and f32 accumulators come from the host
+// allocator, so the peak during the call covers them, and all of it is returned when the call ends.
+TEST(Conv2dBackwardWorkspace, ComesFromTheHostAllocatorAndIsReturned) {
+  const Conv2dParams p = conv_params(1, 1, 1, 1, 1, 1, 2);
+  const Shape xs{2, 6, 10, 9}, ws{4, 3, 3, 3}, os = conv_out_shape(xs, ws, p);
+  const int64_t col_bytes = ws[1] * ws[2] * ws[3] * os[2] * os[3] * 4;  // one (image, group) column matrix, f32
+  for (DType dt : {DType::f32, DType::bf16}) {
+    SCOPED_TRACE(dtype_name(dt));
+    const Tensor go = rand_input(os).to(dt), w = rand_input(ws).to(dt), x = rand_input(xs).to(dt);
+    memory::Allocator& alloc = allocator_for(Device::cpu());
+    for (int which = 0; which < 2; ++which) {
+      alloc.reset_peak_stats();
+      const int64_t before = alloc.stats().requested_bytes;
+      {
+        const Tensor g =
+            which == 0 ? ops::conv2d_backward_input(go, w, xs, p) : ops::conv2d_backward_weight(go, x, ws, p);
+        EXPECT_GE(alloc.stats().peak_requested_bytes - before, g.nbytes() + col_bytes);
+        EXPECT_EQ(alloc.stats().requested_bytes - before, g.nbytes()) << "workspace still live after the call";
+      }
+      EXPECT_EQ(alloc.stats().requested_bytes, before);
+    }
+  }
+}
+
 // ---- pooling ----------------------------------------------------------------------------------------------------
 
 Shape pool_out_shape(const Shape& x, const Pool2dParams& p) {

@@ -1,0 +1,202 @@
+// Differentiable neural-network ops: softmax / log_softmax, layer norm, embedding, conv2d, max / avg pool2d and
+// dropout. Invariant: only the main output of an op carries history (layer-norm statistics, pool indices and dropout
+// masks never do), and each node saves only what the inputs that need a gradient will read.
+#include <cmath>
+
+#include "ember/autograd/function_node.h"
+#include "ember/autograd/functions.h"
+
+namespace ember {
+
+using autograd::BackwardContext;
+using autograd::forward_op;
+using autograd::make_node;
+using autograd::should_record;
+using autograd::TensorList;
+
+namespace {
+
+// ---- softmax ---------------------------------------------------------------------------------------------------
+
+// Both formulas read only the output y: softmax gx = y * (g - sum(g * y)), log_softmax gx = g - exp(y) * sum(g),
+// sums along `dim` (keepdim). A 0-d output is treated as [1] so the reductions have a dim to run over.
+Tensor softmax_grad(const Tensor& g_in, const Tensor& y_in, int64_t dim, bool log) {
+  const bool scalar = y_in.dim() == 0;
+  const Tensor g = scalar ? g_in.view({1}) : g_in;
+  const Tensor y = scalar ? y_in.view({1}) : y_in;
+  const int64_t d = scalar ? 0 : dim;
+  Tensor gx = log ? ops::sub(g, ops::mul(ops::exp(y), ops::sum(g, {d}, true)))
+                  : ops::mul(y, ops::sub(g, ops::sum(ops::mul(g, y), {d}, true)));
+  return scalar ? gx.view({}) : gx;
+}
+
+Tensor softmax_impl(const char* name, const Tensor& x, int64_t dim, bool log) {
+  Tensor out = forward_op(name, {&x}, [&] { return log ? ops::log_softmax(x, dim) : ops::softmax(x, dim); });
+  if (auto node = make_node(name, {&x})) {
+    node->save(out);
+    node->formula = [dim, log](const BackwardContext& c, const TensorList& g) -> TensorList {
+      return {softmax_grad(g[0], c.saved(0), dim, log)};
+    };
+    node->set_outputs({&out});
+  }
+  return out;
+}
+
+}  // namespace
+
+Tensor softmax(const Tensor& x, int64_t dim) { return softmax_impl("softmax", x, dim, false); }
+Tensor log_softmax(const Tensor& x, int64_t dim) { return softmax_impl("log_softmax", x, dim, true); }
+
+// ---- layer norm --------------------------------------------------------------------------------------------------
+
+// Note [Layer norm backward]
+// With xhat = (x - mean) * rstd over the n normalised (trailing) dims and dxhat = g * w (g without a weight):
+//   gx = rstd * (dxhat - mean(dxhat) - xhat * mean(dxhat * xhat))   (means over the normalised dims)
+//   gw = sum over the leading dims of g * xhat,   gb = sum over the leading dims of g.
+// Everything runs in the statistics' dtype (f32 for f16/bf16 x, f64 for f64): the gradients come back in it and the
+// engine rounds them to the inputs' dtypes once. mean/rstd have x's leading shape; they broadcast after a reshape
+// that appends n ones.
+LayerNormResult layer_norm_with_stats(const Tensor& x, const Shape& normalized_shape, const Tensor& weight,
+                                      const Tensor& bias, double eps) {
+  LayerNormResult r = forward_op("layer_norm", {&x, &weight, &bias}, [&] {
+    return ops::layer_norm_with_stats(x, normalized_shape, weight, bias, eps);
+  });
+  if (auto node = make_node("layer_norm", {&x, &weight, &bias})) {
+    const bool need_xhat = node->needs_grad(0) || node->needs_grad(1);
+    node->save(need_xhat ? x : Tensor());                               // 0
+    node->save(node->needs_grad(0) ? weight : Tensor());                // 1
+    node->save(need_xhat ? r.mean : Tensor());                          // 2
+    node->save(need_xhat ? r.rstd : Tensor());                          // 3
+    const int64_t n = static_cast<int64_t>(normalized_shape.size());
+    const DType stats_dtype = r.mean.dtype();
+    node->formula = [n, stats_dtype](const BackwardContext& c, const TensorList& grads) -> TensorList {
+      const Tensor g = grads[0].to(stats_dtype);
+      const int64_t lead = g.dim() - n;
+      std::vector<int64_t> norm_dims, lead_dims;
+      for (int64_t d = 0; d < g.dim(); ++d) (d < lead ? lead_dims : norm_dims).push_back(d);
+      // Sum over the leading dims (none: g itself; ops::sum reads empty dims as "all").
+      auto sum_lead = [&](const Tensor& t) { return lead_dims.empty() ? t : ops::sum(t, lead_dims); };
+
+      Tensor xhat, rstd;
+      if (c.needs_grad(0) || c.needs_grad(1)) {
+        Shape stat_shape(g.sizes().begin(), g.sizes().begin() + lead);
+        stat_shape.resize(static_cast<size_t>(g.dim()), 1);
+        const Tensor mean = c.saved(2).reshape(stat_shape);
+        rstd = c.saved(3).reshape(stat_shape);
+        xhat = ops::mul(ops::sub(c.saved(0).to(stats_dtype), mean), rstd);
+      }
+      Tensor gx, gw, gb;
+      if (c.needs_grad(0)) {
+        const Tensor w = c.saved(1);
+        const Tensor dxhat = w.defined() ? ops::mul(g, w.to(stats_dtype)) : g;
+        const Tensor proj = ops::mul(xhat, ops::mean(ops::mul(dxhat, xhat), norm_dims, true));
+        gx = ops::mul(rstd, ops::sub(ops::sub(dxhat, ops::mean(dxhat, norm_dims, true)), proj));
+      }
+      if (c.needs_grad(1)) gw = sum_lead(ops::mul(g, xhat));
+      if (c.needs_grad(2)) gb = sum_lead(g);
+      return {gx, gw, gb};
+    };
+    node->set_outputs({&r.out});  // mean and rstd stay statistics without history
+  }
+  return r;
+}
+
+Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& weight, const Tensor& bias,
+                  double eps) {
+  return layer_norm_with_stats(x, normalized_shape, weight, bias, eps).out;
+}
+
+// ---- embedding -----------------------------------------------------------------------------------------------------
+
+Tensor embedding(const Tensor& weight, const Tensor& indices) {
+  Tensor out = forward_op("embedding", {&weight, &indices}, [&] { return ops::embedding(weight, indices); });
+  // indices are integers: never differentiable, so only the weight gets an edge.
+  if (auto node = make_node("embedding", {&weight})) {
+    node->save(indices);
+    node->formula = [](const BackwardContext& c, const TensorList& g) -> TensorList {
+      // embedding_backward takes grad_out shaped as the indices plus [D]: the forward output's shape.
+      return {ops::embedding_backward(g[0], c.saved(0), c.input(0).sizes[0])};
+    };
+    node->set_outputs({&out});
+  }
+  return out;
+}
+
+// ---- convolution ---------------------------------------------------------------------------------------------------
+
+Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, const Conv2dParams& p) {
+  Tensor out = forward_op("conv2d", {&x, &weight, &bias}, [&] { return ops::conv2d(x, weight, bias, p); });
+  if (auto node = make_node("conv2d", {&x, &weight, &bias})) {
+    node->save(node->needs_grad(1) ? x : Tensor());       // 0: read by grad_w only
+    node->save(node->needs_grad(0) ? weight : Tensor());  // 1: read by grad_x only
+    node->formula = [p](const BackwardContext& c, const TensorList& g) -> TensorList {
+      Tensor gx, gw, gb;
+      if (c.needs_grad(0)) gx = ops::conv2d_backward_input(g[0], c.saved(1), c.input(0).sizes, p);
+      if (c.needs_grad(1)) gw = ops::conv2d_backward_weight(g[0], c.saved(0), c.input(1).sizes, p);
+      if (c.needs_grad(2)) gb = ops::sum(g[0], {0, 2, 3});
+      return {gx, gw, gb};
+    };
+    node->set_outputs({&out});
+  }
+  return out;
+}
+
+// ---- pooling -------------------------------------------------------------------------------------------------------
+
+MaxPoolResult max_pool2d_with_indices(const Tensor& x, const Pool2dParams& p) {
+  MaxPoolResult r = forward_op("max_pool2d", {&x}, [&] { return ops::max_pool2d_with_indices(x, p); });
+  if (auto node = make_node("max_pool2d", {&x})) {
+    node->save(r.indices);
+    node->formula = [](const BackwardContext& c, const TensorList& g) -> TensorList {
+      return {ops::max_pool2d_backward(g[0], c.saved(0), c.input(0).sizes)};
+    };
+    node->set_outputs({&r.out});  // the indices carry no history
+  }
+  return r;
+}
+
+// Without a graph to record the indices are never read, so the cheaper kernel without them runs.
+Tensor max_pool2d(const Tensor& x, const Pool2dParams& p) {
+  if (should_record({&x})) return max_pool2d_with_indices(x, p).out;
+  return forward_op("max_pool2d", {&x}, [&] { return ops::max_pool2d(x, p); });
+}
+
+Tensor avg_pool2d(const Tensor& x, const Pool2dParams& p) {
+  Tensor out = forward_op("avg_pool2d", {&x}, [&] { return ops::avg_pool2d(x, p); });
+  if (auto node = make_node("avg_pool2d", {&x})) {
+    node->formula = [p](const BackwardContext& c, const TensorList& g) -> TensorList {
+      return {ops::avg_pool2d_backward(g[0], c.input(0).sizes, p)};
+    };
+    node->set_outputs({&out});
+  }
+  return out;
+}
+
+// ---- dropout -------------------------------------------------------------------------------------------------------
+
+// Note [Dropout identity]
+// With train=false or p == 0, ops::dropout returns x itself (the same TensorImpl), so the result already carries x's
+// history and requires_grad: no node is recorded, and gradients reach x directly, as PyTorch's dropout returns its
+// input. An in-place write to the result is a write to x and is checked and versioned as such.
+// With p == 1 every element is dropped: the gradient is zero (g * mask / (1 - p) would be 0 * inf = NaN).
+DropoutResult dropout_with_mask(const Tensor& x, double p, bool train) {
+  DropoutResult r = forward_op("dropout", {&x}, [&] { return ops::dropout_with_mask(x, p, train); });
+  if (!train || p == 0.0) return r;  // Note [Dropout identity]
+  if (auto node = make_node("dropout", {&x})) {
+    node->save(p < 1.0 ? r.mask : Tensor());
+    node->formula = [p](const BackwardContext& c, const TensorList& g) -> TensorList {
+      if (p >= 1.0) return {zeros(g[0].sizes(), {g[0].dtype(), g[0].device()})};
+      return {ops::mul(ops::mul(g[0], c.saved(0)), 1.0 / (1.0 - p))};
+    };
+    node->set_outputs({&r.out});  // the mask carries no history
+  }
+  return r;
+}
+
+// Without a graph to record the mask is never read, so the kernel without it runs (it draws the same numbers).
+Tensor dropout(const Tensor& x, double p, bool train) {
+  if (should_record({&x})) return dropout_with_mask(x, p, train).out;
+  return forward_op("dropout", {&x}, [&] { return ops::dropout(x, p, train); });
+}
+
+}  // namespace ember
