@@ -92,6 +92,8 @@ class GraphTask {
       if (!eligible(roots[i].fn.get())) continue;
       add_input(roots[i].fn.get(), roots[i].input_nr, std::move(root_grads[i]));
     }
+    // Formulas, hooks and accumulation all run with grad mode off: nothing they compute is recorded.
+    AutoGradMode no_grad(false);
     std::priority_queue<Node*, std::vector<Node*>, ReadyOrder> ready;
     std::unordered_set<Node*> queued;
     for (const Edge& e : roots) {
@@ -173,7 +175,6 @@ class GraphTask {
     for (const Tensor& g : grads) any = any || g.defined();
     TensorList outputs;
     if (any) {
-      AutoGradMode no_grad(false);
       outputs = node->apply(std::move(grads));
       if (!retain_graph_) node->release_saved();
       if (AnomalyMode::is_enabled()) check_backward_anomaly(*node, outputs);
@@ -184,10 +185,7 @@ class GraphTask {
       const Edge& e = node->next_edges()[i];
       if (!e.fn || !eligible(e.fn.get())) continue;
       Tensor g;
-      if (outputs[i].defined()) {
-        AutoGradMode no_grad(false);
-        g = validate_grad(*node, i, std::move(outputs[i]));
-      }
+      if (outputs[i].defined()) g = validate_grad(*node, i, std::move(outputs[i]));
       add_input(e.fn.get(), e.input_nr, std::move(g));
       if (--dependencies_[e.fn.get()] == 0) ready.push(e.fn.get());
     }

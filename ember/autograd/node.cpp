@@ -14,6 +14,25 @@ std::atomic<uint64_t> g_next_sequence_nr{0};
 
 Node::Node(std::string op) : op_(std::move(op)), sequence_nr_(g_next_sequence_nr.fetch_add(1)) {}
 
+// Note [Iterative graph destruction]
+// A node owns the nodes below it through its edges, so destroying the last reference to a long chain (an unrolled
+// recurrence, a loss accumulated over many steps) would run one nested destructor per node and overflow the stack.
+// Instead, a dying node takes over the edges of every child it holds the last reference to, and lets the children
+// die one at a time from a flat list.
+Node::~Node() {
+  std::vector<std::shared_ptr<Node>> pending;
+  for (Edge& e : next_edges_)
+    if (e.fn) pending.push_back(std::move(e.fn));
+  while (!pending.empty()) {
+    std::shared_ptr<Node> n = std::move(pending.back());
+    pending.pop_back();
+    if (n.use_count() == 1) {  // n dies at the end of this iteration: adopt its children first
+      for (Edge& e : n->next_edges_)
+        if (e.fn) pending.push_back(std::move(e.fn));
+    }
+  }
+}
+
 std::string Node::name() const {
   std::string n;
   bool up = true;
@@ -42,11 +61,18 @@ void Node::add_pre_hook(uint32_t output_nr, std::shared_ptr<HookEntry> hook) {
   pre_hooks_.emplace_back(output_nr, std::move(hook));
 }
 
+void Node::add_retains_grad_hook(uint32_t output_nr, std::shared_ptr<HookEntry> hook) {
+  retains_grad_hooks_.emplace_back(output_nr, std::move(hook));
+}
+
 void Node::run_pre_hooks(TensorList& grads) {
-  for (auto& [nr, hook] : pre_hooks_) {
-    if (hook->removed || nr >= grads.size() || !grads[nr].defined()) continue;
-    Tensor replaced = hook->fn(grads[nr]);
-    if (replaced.defined()) grads[nr] = std::move(replaced);
+  // Copies: a hook may register further hooks on this node (they run from the next pass on).
+  for (const auto& list : {pre_hooks_, retains_grad_hooks_}) {
+    for (const auto& [nr, hook] : list) {
+      if (hook->removed || nr >= grads.size() || !grads[nr].defined()) continue;
+      Tensor replaced = hook->fn(grads[nr]);
+      if (replaced.defined()) grads[nr] = std::move(replaced);
+    }
   }
 }
 

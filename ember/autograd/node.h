@@ -66,7 +66,8 @@ class HookHandle {
 class Node : public std::enable_shared_from_this<Node> {
  public:
   explicit Node(std::string op);
-  virtual ~Node() = default;
+  // Releases the graph below iteratively (Note [Iterative graph destruction] in node.cpp).
+  virtual ~Node();
   Node(const Node&) = delete;
   Node& operator=(const Node&) = delete;
 
@@ -91,8 +92,11 @@ class Node : public std::enable_shared_from_this<Node> {
   // "mul(f32[2, 3], f32[3])": the forward op and its input shapes, for error and anomaly messages.
   std::string forward_description() const;
 
-  // Hooks on output `output_nr` (a non-leaf tensor's register_hook / retain_grad).
+  // Hooks on output `output_nr` (a non-leaf tensor's register_hook), run in registration order.
   void add_pre_hook(uint32_t output_nr, std::shared_ptr<HookEntry> hook);
+  // retain_grad()'s hook on output `output_nr`: runs after all the other hooks, so the retained .grad is the
+  // gradient the node goes on to use (as in PyTorch), whatever the registration order.
+  void add_retains_grad_hook(uint32_t output_nr, std::shared_ptr<HookEntry> hook);
 
  private:
   std::string op_;
@@ -101,6 +105,7 @@ class Node : public std::enable_shared_from_this<Node> {
   std::vector<Edge> next_edges_;
   std::vector<InputMeta> input_meta_;
   std::vector<std::pair<uint32_t, std::shared_ptr<HookEntry>>> pre_hooks_;
+  std::vector<std::pair<uint32_t, std::shared_ptr<HookEntry>>> retains_grad_hooks_;
 };
 
 // Per-tensor autograd state, created lazily (a tensor without it needs no gradient and has no history).

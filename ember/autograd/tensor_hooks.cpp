@@ -54,6 +54,14 @@ class Hooks final : public AutogradHooks {
                   self.description(), " with strides ", shape_str(self.strides()), " at offset ",
                   self.storage_offset(), ") would not carry its gradient to the tensor viewed; build the result "
                   "out of place");
+    // Only `self` gets the copy's history: another tensor sharing the storage (the base of a full view, or a view
+    // of self) would see the new values without it, and silently give the source no gradient.
+    // Likewise a write into a tensor with history whose storage is shared: its views would keep the old history.
+    if ((src_grad || (m != nullptr && m->grad_fn != nullptr)) && self.storage().use_count() > 1)
+      EMBER_THROW(ValueError, op, ": in-place write into ", self.description(), ", whose storage other tensors "
+                  "(views, the tensor it views, or a backward node) share while autograd tracks it; they would see "
+                  "the new values without their gradient history. Write into a fresh tensor or build the result out "
+                  "of place");
   }
 
   void record_inplace(const char* op, const Tensor& self, const Tensor* src) const override {
@@ -121,7 +129,7 @@ class Hooks final : public AutogradHooks {
       if (auto base = weak.lock()) accumulate_into(static_cast<AutogradMeta*>(base.get())->grad, g);
       return Tensor();
     };
-    m->grad_fn->add_pre_hook(m->output_nr, entry);
+    m->grad_fn->add_retains_grad_hook(m->output_nr, entry);
   }
 
   std::string grad_fn_name(const Tensor& t) const override {

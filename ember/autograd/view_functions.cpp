@@ -3,6 +3,9 @@
 // (Note [Gradient validation]); as_strided scatter-adds through storage positions (overlapping views included).
 #include "ember/autograd/view_functions.h"
 
+#include <algorithm>
+#include <optional>
+
 #include "ember/autograd/function_node.h"
 #include "ember/kernels/ops.h"
 
@@ -24,8 +27,26 @@ const char* view_op_name(ViewKind k) {
   return "view";
 }
 
+// True when two elements of (sizes, strides) may share a storage position: sorted by stride, every dim of size > 1
+// must step over everything the smaller dims span.
+bool may_overlap(const Shape& sizes, const Shape& strides) {
+  std::vector<std::pair<int64_t, int64_t>> dims;  // (stride, size)
+  for (size_t i = 0; i < sizes.size(); ++i)
+    if (sizes[i] > 1) dims.emplace_back(strides[i], sizes[i]);
+  std::sort(dims.begin(), dims.end());
+  int64_t span = 0;  // the largest offset the smaller dims reach
+  for (const auto& [stride, size] : dims) {
+    if (stride <= span) return true;
+    span += (size - 1) * stride;
+  }
+  return false;
+}
+
+// Note [as_strided backward over an overlapping base]
 // Gradient of an as_strided view: each storage position of the view receives the sum of the gradient elements that
-// map to it (embedding_backward is exactly that scatter-add); the base then reads its own positions.
+// map to it (embedding_backward is exactly that scatter-add); the base then reads its own positions. When several
+// base elements share a position (the base is an expanded or overlapping view), each gets the position's gradient
+// divided by their count: the backward of the base's own view sums them back to exactly one copy.
 Tensor as_strided_backward(const Tensor& g, const Shape& base_sizes, const Shape& base_strides, int64_t base_offset,
                            const Shape& view_sizes, const Shape& view_strides, int64_t view_offset) {
   auto extent = [](const Shape& sz, const Shape& st, int64_t off) {
@@ -41,7 +62,16 @@ Tensor as_strided_backward(const Tensor& g, const Shape& base_sizes, const Shape
                                .as_strided(view_sizes, view_strides, view_offset)
                                .contiguous()
                                .view({-1});
-  const Tensor storage_grad = ops::embedding_backward(g.contiguous().view({-1, 1}), positions, n).view({-1});
+  Tensor storage_grad = ops::embedding_backward(g.contiguous().view({-1, 1}), positions, n).view({-1});
+  if (may_overlap(base_sizes, base_strides)) {
+    const Tensor base_positions = arange(0, n, 1, TensorOptions(DType::i64, g.device()))
+                                      .as_strided(base_sizes, base_strides, base_offset)
+                                      .contiguous()
+                                      .view({-1});
+    const Tensor ones_per_element = ones({base_positions.numel(), 1}, {storage_grad.dtype(), g.device()});
+    const Tensor count = ops::embedding_backward(ones_per_element, base_positions, n).view({-1});
+    storage_grad = ops::div(storage_grad, ops::clamp(count, 1.0, std::nullopt));
+  }
   return storage_grad.as_strided(base_sizes, base_strides, base_offset).clone();
 }
 

@@ -1,0 +1,91 @@
+// Module: the building block of models (libtorch's nn::Module). A module owns named parameters (leaves that require
+// grad), named buffers (state that is not trained, e.g. BatchNorm's running statistics) and named child modules, in
+// registration order. Invariant: the Tensor handles a layer keeps in its members are the registered ones — to() and
+// load_state_dict() change their contents in place, so a layer's `weight` member always is its parameter.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "ember/core/tensor.h"
+
+namespace ember::nn {
+
+// An ordered name → tensor list ("layer1.weight", ...), as state_dict() returns and safetensors stores.
+using NamedTensors = std::vector<std::pair<std::string, Tensor>>;
+
+class Module : public std::enable_shared_from_this<Module> {
+ public:
+  explicit Module(std::string type_name = "Module") : type_name_(std::move(type_name)) {}
+  virtual ~Module() = default;
+  Module(const Module&) = delete;
+  Module& operator=(const Module&) = delete;
+
+  const std::string& type_name() const { return type_name_; }
+
+  // --- registration (in a layer's constructor) --------------------------------------------------------------------
+  // Registers t as a parameter (requires_grad_ set unless requires_grad is false) and returns the registered handle.
+  Tensor register_parameter(const std::string& name, Tensor t, bool requires_grad = true);
+  Tensor register_buffer(const std::string& name, Tensor t);
+  template <class M>
+  std::shared_ptr<M> register_module(const std::string& name, std::shared_ptr<M> module) {
+    register_module_impl(name, module);
+    return module;
+  }
+
+  // --- traversal (names are dotted paths: "blocks.0.attn.qkv.weight") ----------------------------------------------
+  NamedTensors named_parameters(bool recurse = true) const;
+  std::vector<Tensor> parameters(bool recurse = true) const;
+  NamedTensors named_buffers(bool recurse = true) const;
+  std::vector<std::pair<std::string, std::shared_ptr<Module>>> named_children() const;
+  std::vector<std::shared_ptr<Module>> children() const;
+  // This module ("" ) and every descendant, depth first, in registration order.
+  std::vector<std::pair<std::string, std::shared_ptr<Module>>> named_modules(const std::string& prefix = "");
+  int64_t num_parameters(bool trainable_only = false) const;
+  int64_t parameter_bytes() const;
+
+  // --- modes and conversion ------------------------------------------------------------------------------------
+  virtual void train(bool on = true);  // recursive
+  void eval() { train(false); }
+  bool is_training() const { return training_; }
+  // Moves/casts every parameter and buffer in place (floating ones only for the dtype form); gradients are dropped.
+  void to(Device device);
+  void to(DType dtype);
+  void to(Device device, DType dtype);
+  // Clears (set_to_none, the default — frees the memory) or zeroes every parameter's .grad.
+  void zero_grad(bool set_to_none = true);
+
+  // --- state -------------------------------------------------------------------------------------------------------
+  // Parameters then buffers, by dotted name (detached: they share storage with the module's tensors).
+  NamedTensors state_dict() const;
+  // Copies values into the module's tensors (dtype cast and device move allowed; shapes must match: ShapeError).
+  // strict: every key must exist on both sides (ValueError naming the missing / unexpected keys).
+  void load_state_dict(const NamedTensors& state, bool strict = true);
+
+  // A one-line-per-module description with parameter counts.
+  std::string describe() const;
+
+ protected:
+  // Extra text for describe(), e.g. "in=784, out=128".
+  virtual std::string extra_repr() const { return ""; }
+
+ private:
+  void register_module_impl(const std::string& name, std::shared_ptr<Module> module);
+  void check_new_name(const std::string& name) const;
+  void collect(const std::string& prefix, bool params, bool recurse, NamedTensors& out) const;
+
+  std::string type_name_;
+  bool training_ = true;
+  NamedTensors params_;
+  NamedTensors buffers_;
+  std::vector<std::pair<std::string, std::shared_ptr<Module>>> children_;
+};
+
+// Replaces the contents of `dst`'s TensorImpl with `src`'s geometry and storage, keeping dst's identity and its
+// requires_grad flag (libtorch's set_data); .grad is cleared. Used by Module::to and optimizers' state moves.
+void set_data(const Tensor& dst, const Tensor& src);
+
+}  // namespace ember::nn
