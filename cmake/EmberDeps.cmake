@@ -1,5 +1,5 @@
-# Third-party dependencies: Eigen (CPU math), nlohmann-json (trace files), GoogleTest (tests),
-# Google Benchmark (bench).
+# Third-party dependencies: Eigen (CPU math), nlohmann-json (trace files, safetensors headers), zlib (optional:
+# gzipped datasets), GoogleTest (tests), Google Benchmark (bench).
 # Each can come from the system or, on machines without the Debian packages, from a carried source tree.
 set(EMBER_EIGEN_INCLUDE_DIR "" CACHE PATH "Directory holding Eigen/ (default: find_package(Eigen3))")
 if(EMBER_EIGEN_INCLUDE_DIR)
@@ -19,6 +19,13 @@ else()
 endif()
 
 find_package(Threads REQUIRED)
+
+# zlib is optional: without it ember still builds, and reading a .gz dataset raises FormatError asking to gunzip it.
+# -DCMAKE_DISABLE_FIND_PACKAGE_ZLIB=ON builds the fallback on a machine that has zlib.
+find_package(ZLIB QUIET)
+if(NOT ZLIB_FOUND)
+  message(STATUS "ember: zlib not found: .gz datasets must be gunzipped first")
+endif()
 
 if(EMBER_BUILD_TESTS)
   if(EMBER_GTEST_SOURCE_DIR)
