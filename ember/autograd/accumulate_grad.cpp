@@ -16,7 +16,9 @@ void AccumulateGrad::run_pre_hooks(TensorList& grads) {
   for (const auto& hook : hooks) {
     if (hook->removed) continue;
     Tensor replaced = hook->fn(grads[0]);
-    if (replaced.defined()) grads[0] = std::move(replaced);
+    if (!replaced.defined()) continue;
+    check_hook_result(replaced, grads[0], "leaf " + leaf_.description());
+    grads[0] = std::move(replaced);
   }
 }
 

@@ -1,6 +1,7 @@
-// Anomaly mode: while on, every differentiable forward op and every backward node checks its floating outputs, and
-// the first NaN/Inf raises AnomalyError naming the op (the backward node and the forward op that created it) and
-// the shapes. Costs one reduction and a device sync per op: a debugging tool, off by default.
+// Anomaly mode: while on, every recorded forward op and every backward node checks its floating outputs, and the
+// first NaN/Inf raises AnomalyError naming the op (the backward node and the forward op that created it) and the
+// shapes (Note [Forward anomalies] in anomaly.cpp says which forward Infs are legitimate). Costs a reduction and a
+// device sync per op: a debugging tool, off by default.
 #pragma once
 
 #include <string>
@@ -34,8 +35,9 @@ class DetectAnomalyGuard {
 
 // True when a floating tensor holds a NaN or an Inf (integer and bool tensors: false).
 bool has_non_finite(const Tensor& t);
+bool has_nan(const Tensor& t);
 
-// Raises AnomalyError when anomaly mode is on and a forward output of `op` is not finite.
+// Raises AnomalyError when a forward output of `op` holds a NaN, or an Inf its finite inputs did not hold.
 void check_forward_anomaly(const char* op, std::initializer_list<const Tensor*> inputs, const Tensor& out);
 
 }  // namespace ember::autograd

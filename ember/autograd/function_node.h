@@ -68,14 +68,14 @@ bool should_record(std::initializer_list<const Tensor*> inputs);
 std::shared_ptr<FunctionNode> make_node(const char* op, std::initializer_list<const Tensor*> inputs);
 
 // Runs the kernel front end of a differentiable op with grad mode off (its internal views and copies are not
-// recorded) and applies the forward anomaly check.
+// recorded) and, in anomaly mode, checks the output when the op is being recorded.
 template <class Fn>
 auto forward_op(const char* op, std::initializer_list<const Tensor*> inputs, Fn&& fn) {
   auto result = [&] {
     NoGradGuard no_grad;
     return fn();
   }();
-  if (AnomalyMode::is_enabled()) {
+  if (AnomalyMode::is_enabled() && should_record(inputs)) {
     if constexpr (std::is_same_v<decltype(result), Tensor>) check_forward_anomaly(op, inputs, result);
     else check_forward_anomaly(op, inputs, result.out);
   }

@@ -58,11 +58,22 @@ std::string Node::forward_description() const {
 }
 
 void Node::add_pre_hook(uint32_t output_nr, std::shared_ptr<HookEntry> hook) {
+  prune_removed_hooks();
   pre_hooks_.emplace_back(output_nr, std::move(hook));
 }
 
 void Node::add_retains_grad_hook(uint32_t output_nr, std::shared_ptr<HookEntry> hook) {
   retains_grad_hooks_.emplace_back(output_nr, std::move(hook));
+}
+
+void check_hook_result(const Tensor& replaced, const Tensor& grad, const std::string& what) {
+  EMBER_CHECK(replaced.sizes() == grad.sizes(), ShapeError, "a tensor hook on ", what, " returned ",
+              replaced.description(), " for the gradient ", grad.description(), ": a replacement must keep the shape");
+  EMBER_CHECK(replaced.dtype() == grad.dtype(), DTypeError, "a tensor hook on ", what, " returned ",
+              replaced.description(), " for the gradient ", grad.description(), ": a replacement must keep the dtype");
+  EMBER_CHECK(replaced.device() == grad.device(), DeviceError, "a tensor hook on ", what, " returned ",
+              replaced.description(), " for the gradient ", grad.description(),
+              ": a replacement must stay on the device");
 }
 
 void Node::run_pre_hooks(TensorList& grads) {
@@ -71,9 +82,17 @@ void Node::run_pre_hooks(TensorList& grads) {
     for (const auto& [nr, hook] : list) {
       if (hook->removed || nr >= grads.size() || !grads[nr].defined()) continue;
       Tensor replaced = hook->fn(grads[nr]);
-      if (replaced.defined()) grads[nr] = std::move(replaced);
+      if (!replaced.defined()) continue;
+      check_hook_result(replaced, grads[nr], detail::concat("output ", nr, " of ", name()));
+      grads[nr] = std::move(replaced);
     }
   }
+}
+
+void Node::prune_removed_hooks() {
+  auto removed = [](const auto& entry) { return entry.second->removed; };
+  std::erase_if(pre_hooks_, removed);
+  std::erase_if(retains_grad_hooks_, removed);
 }
 
 AutogradMeta* meta_of(const Tensor& t) {

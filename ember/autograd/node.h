@@ -49,6 +49,9 @@ struct PostHookEntry {
   bool removed = false;
 };
 
+// Raises unless a tensor hook's replacement has the gradient's shape, dtype and device; `what` names the tensor.
+void check_hook_result(const Tensor& replaced, const Tensor& grad, const std::string& what);
+
 // Returned by register_hook: remove() unregisters the hook (idempotent; harmless after the tensor is gone).
 class HookHandle {
  public:
@@ -97,6 +100,8 @@ class Node : public std::enable_shared_from_this<Node> {
   // retain_grad()'s hook on output `output_nr`: runs after all the other hooks, so the retained .grad is the
   // gradient the node goes on to use (as in PyTorch), whatever the registration order.
   void add_retains_grad_hook(uint32_t output_nr, std::shared_ptr<HookEntry> hook);
+  // Drops hooks whose handles were removed (registration calls it, so lists do not grow step after step).
+  void prune_removed_hooks();
 
  private:
   std::string op_;
@@ -151,7 +156,10 @@ class SavedTensor {
   Tensor data_;
   int64_t saved_version_ = 0;
   std::weak_ptr<StorageImpl> storage_;  // the version source, without keeping the bytes alive
-  std::string description_;
+  Shape sizes_;  // for error messages (formatted only when raising)
+  DType dtype_ = DType::f32;
+  Device device_ = Device::cpu();
+  std::string description() const;
   std::any packed_;
   std::function<Tensor(const std::any&)> unpack_hook_;
 };

@@ -32,7 +32,9 @@ SavedTensor::SavedTensor(const Tensor& t) {
   was_defined_ = true;
   saved_version_ = t.version();
   storage_ = t.storage();
-  description_ = t.description();
+  sizes_ = t.sizes();
+  dtype_ = t.dtype();
+  device_ = t.device();
   Tensor detached = t.detach();
   if (const SavedTensorHooks* hooks = current_saved_tensor_hooks()) {
     packed_ = hooks->pack(detached);
@@ -42,6 +44,10 @@ SavedTensor::SavedTensor(const Tensor& t) {
   }
 }
 
+std::string SavedTensor::description() const {
+  return detail::concat(dtype_name(dtype_), shape_str(sizes_), " on ", device_.str());
+}
+
 Tensor SavedTensor::unpack(const Node& node) const {
   if (!was_defined_) return Tensor();
   EMBER_CHECK(!released_, ValueError, "trying to backward through ", node.name(), " (", node.forward_description(),
@@ -49,13 +55,13 @@ Tensor SavedTensor::unpack(const Node& node) const {
               "first backward() to keep them");
   if (auto storage = storage_.lock()) {
     EMBER_CHECK(storage->version() == saved_version_, ValueError,
-                "a tensor needed for gradient computation was modified by an in-place operation: ", description_,
+                "a tensor needed for gradient computation was modified by an in-place operation: ", description(),
                 " saved by ", node.name(), " (", node.forward_description(), ") is at version ", storage->version(),
                 "; expected version ", saved_version_);
   }
   if (unpack_hook_) {
     Tensor t = unpack_hook_(packed_);
-    EMBER_CHECK(t.defined(), ValueError, "saved-tensor unpack hook returned an undefined tensor for ", description_,
+    EMBER_CHECK(t.defined(), ValueError, "saved-tensor unpack hook returned an undefined tensor for ", description(),
                 " saved by ", node.name());
     return t;
   }

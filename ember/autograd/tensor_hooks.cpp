@@ -28,6 +28,7 @@ class Hooks final : public AutogradHooks {
   }
 
   void record_copy(const char* op, const Tensor& src, const Tensor& out) const override {
+    if (!is_floating(out.dtype())) return;  // an integer or bool copy carries no gradient (as in PyTorch)
     auto node = make_node(op, {&src});
     if (!node) return;
     const Device dev = src.device();
@@ -66,7 +67,7 @@ class Hooks final : public AutogradHooks {
 
   void record_inplace(const char* op, const Tensor& self, const Tensor* src) const override {
     if (!GradMode::is_enabled()) return;
-    if (src != nullptr && requires_grad(*src)) {
+    if (src != nullptr && requires_grad(*src) && is_floating(self.dtype())) {
       auto node = make_node(op, {src});
       const Device dev = src->device();
       node->formula = [dev](const BackwardContext&, const TensorList& g) -> TensorList { return {g[0].to(dev)}; };
@@ -105,8 +106,12 @@ class Hooks final : public AutogradHooks {
 
   void set_grad(const Tensor& t, const Tensor& g) const override {
     if (g.defined()) {
-      EMBER_CHECK(g.sizes() == t.sizes() && g.dtype() == t.dtype() && g.device() == t.device(), ShapeError,
-                  "set_grad: gradient ", g.description(), " does not match ", t.description());
+      EMBER_CHECK(g.sizes() == t.sizes(), ShapeError, "set_grad: gradient ", g.description(), " does not match ",
+                  t.description());
+      EMBER_CHECK(g.dtype() == t.dtype(), DTypeError, "set_grad: gradient ", g.description(), " does not match ",
+                  t.description());
+      EMBER_CHECK(g.device() == t.device(), DeviceError, "set_grad: gradient ", g.description(),
+                  " does not match ", t.description());
     }
     if (!g.defined() && meta_of(t) == nullptr) return;
     get_or_create_meta(t).grad = g.defined() ? g.detach() : Tensor();
@@ -153,8 +158,12 @@ HookHandle register_hook(const Tensor& t, TensorHook hook) {
               " does not require grad, so no gradient will reach the hook");
   auto entry = std::make_shared<HookEntry>();
   entry->fn = std::move(hook);
-  if (m->grad_fn) m->grad_fn->add_pre_hook(m->output_nr, entry);
-  else m->leaf_hooks.push_back(entry);
+  if (m->grad_fn) {
+    m->grad_fn->add_pre_hook(m->output_nr, entry);
+  } else {
+    std::erase_if(m->leaf_hooks, [](const auto& h) { return h->removed; });
+    m->leaf_hooks.push_back(entry);
+  }
   std::weak_ptr<HookEntry> weak = entry;
   return HookHandle([weak] {
     if (auto e = weak.lock()) e->removed = true;
@@ -167,6 +176,7 @@ HookHandle register_post_accumulate_grad_hook(const Tensor& t, PostAccumulateHoo
               "register_post_accumulate_grad_hook: ", t.description(), " is not a leaf that requires grad");
   auto entry = std::make_shared<PostHookEntry>();
   entry->fn = std::move(hook);
+  std::erase_if(m->post_accumulate_hooks, [](const auto& h) { return h->removed; });
   m->post_accumulate_hooks.push_back(entry);
   std::weak_ptr<PostHookEntry> weak = entry;
   return HookHandle([weak] {

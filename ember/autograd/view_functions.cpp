@@ -57,6 +57,11 @@ Tensor as_strided_backward(const Tensor& g, const Shape& base_sizes, const Shape
     }
     return last + 1;
   };
+  // Positions are counted from the first storage element either geometry can touch, so the work is proportional to
+  // the span of the two views, not to where they sit in the storage.
+  const int64_t origin = std::min(base_offset, view_offset);
+  base_offset -= origin;
+  view_offset -= origin;
   const int64_t n = std::max(extent(base_sizes, base_strides, base_offset), extent(view_sizes, view_strides, view_offset));
   const Tensor positions = arange(0, n, 1, TensorOptions(DType::i64, g.device()))
                                .as_strided(view_sizes, view_strides, view_offset)

@@ -12,7 +12,7 @@ void GradMode::set_enabled(bool enabled) { t_grad_enabled = enabled; }
 
 InferenceMode::InferenceMode(bool enabled) : prev_inference_(t_inference), prev_grad_(t_grad_enabled) {
   t_inference = enabled;
-  if (enabled) t_grad_enabled = false;
+  t_grad_enabled = !enabled;  // as c10::InferenceMode: InferenceMode(false) inside inference mode records again
 }
 InferenceMode::~InferenceMode() {
   t_inference = prev_inference_;

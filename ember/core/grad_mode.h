@@ -37,7 +37,8 @@ class AutoGradMode {
 // RAII: inference mode (c10::InferenceMode). Grad mode is off, and every tensor allocated in the scope is an
 // *inference tensor*: it can never be saved for backward, never require grad, and cannot be modified in place
 // outside inference mode (these would silently give wrong gradients: the tensor carries no version history).
-// Views keep their base's kind. Nested guards restore the previous state.
+// Views keep their base's kind. InferenceMode(false) turns both off again (grad mode on) for its scope. Nested guards
+// restore the previous state.
 class InferenceMode {
  public:
   explicit InferenceMode(bool enabled = true);

@@ -49,6 +49,7 @@ TEST(Anomaly, ForwardLogOfANegativeNumberNamesTheOpAndShape) {
 TEST(Anomaly, ForwardNonFiniteInputIsReported) {
   DetectAnomalyGuard guard;
   Tensor x = vals({1, NAN});
+  x.requires_grad_();
   const std::string msg = error_message<AnomalyError>([&] { (void)(x * 2.0); });
   EXPECT_TRUE(contains(msg, "mul")) << msg;
   EXPECT_TRUE(contains(msg, "already non-finite")) << msg;
@@ -82,15 +83,42 @@ TEST(Anomaly, BackwardNaNPlantedByAHook) {
   EXPECT_TRUE(contains(msg, "mul(f64[2], f64[2])")) << msg;
 }
 
-TEST(Anomaly, NaNComputedInsideAHookIsCaughtAsAForwardOp) {
-  // A hook that computes its replacement with a differentiable op is checked like any forward op.
+TEST(Anomaly, NaNComputedInsideAHookIsCaughtByTheNextBackwardNode) {
+  // Hooks run with grad mode off, so their ops are not recorded; the NaN they plant is caught by the node that
+  // consumes it, which names its forward op.
   Tensor x = vals({1, 2});
   x.requires_grad_();
   Tensor h = x * vals({3, 4});
   autograd::register_hook(h, [](const Tensor& g) { return g * NAN; });
   DetectAnomalyGuard guard;
   const std::string msg = error_message<AnomalyError>([&] { (h * 2.0).backward(vals({1, 1})); });
-  EXPECT_TRUE(contains(msg, "'mul'")) << msg;
+  EXPECT_TRUE(contains(msg, "MulBackward")) << msg;
+  EXPECT_TRUE(contains(msg, "mul(f64[2], f64[2])")) << msg;
+}
+
+TEST(Anomaly, InfThatCameInThroughAnInputIsLegitimate) {
+  // Attention masks fill scores with -inf: the where/softmax of a masked row is not an anomaly.
+  DetectAnomalyGuard guard;
+  Tensor x = vals({1, 2, 3});
+  x.requires_grad_();
+  const Tensor mask = gt(vals({1, 0, 1}), vals({0.5, 0.5, 0.5}));
+  Tensor scores = where(mask, x, full({}, -INFINITY, DType::f64));
+  Tensor p = softmax(scores, 0);
+  EXPECT_NO_THROW(p.backward(vals({1, 0, 0})));
+}
+
+TEST(Anomaly, InfProducedFromFiniteInputsIsReported) {
+  DetectAnomalyGuard guard;
+  Tensor x = vals({0, 1});
+  x.requires_grad_();
+  const std::string msg = error_message<AnomalyError>([&] { (void)log(x); });
+  EXPECT_TRUE(contains(msg, "'log'")) << msg;
+}
+
+TEST(Anomaly, UnrecordedOpsAreNotChecked) {
+  DetectAnomalyGuard guard;
+  NoGradGuard no_grad;
+  EXPECT_NO_THROW((void)log(vals({0, -1})));
 }
 
 TEST(Anomaly, OffNoError) {
