@@ -27,6 +27,17 @@ if(NOT ZLIB_FOUND)
   message(STATUS "ember: zlib not found: .gz datasets must be gunzipped first")
 endif()
 
+# CLI11 (header-only) for the `ember` command-line program in tools/.
+if(EMBER_BUILD_EXAMPLES)
+  set(EMBER_CLI11_INCLUDE_DIR "" CACHE PATH "Directory holding CLI/CLI.hpp (default: find_package(CLI11))")
+  if(EMBER_CLI11_INCLUDE_DIR)
+    add_library(CLI11::CLI11 INTERFACE IMPORTED)
+    set_target_properties(CLI11::CLI11 PROPERTIES INTERFACE_INCLUDE_DIRECTORIES "${EMBER_CLI11_INCLUDE_DIR}")
+  else()
+    find_package(CLI11 CONFIG REQUIRED)
+  endif()
+endif()
+
 if(EMBER_BUILD_TESTS)
   if(EMBER_GTEST_SOURCE_DIR)
     set(INSTALL_GTEST OFF CACHE BOOL "" FORCE)

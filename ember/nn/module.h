@@ -26,10 +26,15 @@ class Module : public std::enable_shared_from_this<Module> {
 
   const std::string& type_name() const { return type_name_; }
 
+  // The single-input forward that containers (Sequential) call; layers with other signatures leave it throwing.
+  virtual Tensor forward(const Tensor& x);
+  Tensor operator()(const Tensor& x) { return forward(x); }
+
   // --- registration (in a layer's constructor) --------------------------------------------------------------------
   // Registers t as a parameter (requires_grad_ set unless requires_grad is false) and returns the registered handle.
   Tensor register_parameter(const std::string& name, Tensor t, bool requires_grad = true);
-  Tensor register_buffer(const std::string& name, Tensor t);
+  // A non-persistent buffer (persistent = false) is moved by to() but left out of state_dict (PyTorch's flag).
+  Tensor register_buffer(const std::string& name, Tensor t, bool persistent = true);
   template <class M>
   std::shared_ptr<M> register_module(const std::string& name, std::shared_ptr<M> module) {
     register_module_impl(name, module);
@@ -37,6 +42,8 @@ class Module : public std::enable_shared_from_this<Module> {
   }
 
   // --- traversal (names are dotted paths: "blocks.0.attn.qkv.weight") ----------------------------------------------
+  // named_parameters/parameters/named_buffers list a tensor shared by several modules once (PyTorch's
+  // remove_duplicate); undefined tensors (e.g. a Linear without bias) are never listed.
   NamedTensors named_parameters(bool recurse = true) const;
   std::vector<Tensor> parameters(bool recurse = true) const;
   NamedTensors named_buffers(bool recurse = true) const;
@@ -51,7 +58,8 @@ class Module : public std::enable_shared_from_this<Module> {
   virtual void train(bool on = true);  // recursive
   void eval() { train(false); }
   bool is_training() const { return training_; }
-  // Moves/casts every parameter and buffer in place (floating ones only for the dtype form); gradients are dropped.
+  // Moves/casts every parameter and buffer in place (floating ones only for the dtype form, which needs a floating
+  // dtype: DTypeError); a converted tensor's gradient is dropped (one already on that device/dtype keeps it).
   void to(Device device);
   void to(DType dtype);
   void to(Device device, DType dtype);
@@ -59,7 +67,8 @@ class Module : public std::enable_shared_from_this<Module> {
   void zero_grad(bool set_to_none = true);
 
   // --- state -------------------------------------------------------------------------------------------------------
-  // Parameters then buffers, by dotted name (detached: they share storage with the module's tensors).
+  // Per module (depth first, in registration order): its parameters then its persistent buffers, by dotted name —
+  // PyTorch's key order (detached: they share storage with the module's tensors).
   NamedTensors state_dict() const;
   // Copies values into the module's tensors (dtype cast and device move allowed; shapes must match: ShapeError).
   // strict: every key must exist on both sides (ValueError naming the missing / unexpected keys).
@@ -76,11 +85,14 @@ class Module : public std::enable_shared_from_this<Module> {
   void register_module_impl(const std::string& name, std::shared_ptr<Module> module);
   void check_new_name(const std::string& name) const;
   void collect(const std::string& prefix, bool params, bool recurse, NamedTensors& out) const;
+  void collect_state(const std::string& prefix, NamedTensors& out) const;  // state_dict order, live handles
+  void describe_into(const std::string& name, int depth, std::string& out) const;
 
   std::string type_name_;
   bool training_ = true;
   NamedTensors params_;
   NamedTensors buffers_;
+  std::vector<std::string> non_persistent_;  // names of buffers_ entries left out of state_dict
   std::vector<std::pair<std::string, std::shared_ptr<Module>>> children_;
 };
 

@@ -1,0 +1,252 @@
+// nn::functional: losses, batch norm and attention written with the differentiable ember ops (autograd/functions.h).
+// Invariant: every function here only composes recorded ops, so its gradient is autograd's; the in-place running
+// statistics update of batch_norm is the one write, done with recording off.
+#include "ember/nn/functional.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "ember/base/error.h"
+#include "ember/core/grad_mode.h"
+
+namespace ember::nn::functional {
+
+namespace {
+
+Tensor reduce(const Tensor& per_element, Reduction reduction) {
+  switch (reduction) {
+    case Reduction::None: return per_element;
+    case Reduction::Sum: return sum(per_element);
+    case Reduction::Mean: return mean(per_element);
+  }
+  return per_element;
+}
+
+// Class-indexed losses work on [M, C] rows: the class dim of [N, C, d1, ...] is moved last and the rest flattened.
+struct ClassRows {
+  Tensor rows;       // [M, C]
+  Tensor target;     // [M] i64
+  Shape out_shape;   // the shape of the unreduced loss (target's shape)
+  int64_t classes = 0;
+};
+
+ClassRows to_class_rows(const char* op, const Tensor& input, const Tensor& target) {
+  EMBER_CHECK(input.defined() && target.defined(), ValueError, op, ": input and target must be defined");
+  check_floating(op, input);
+  EMBER_CHECK(target.dtype() == DType::i64, DTypeError, op, ": target must hold i64 class indices, got ",
+              dtype_name(target.dtype()));
+  common_device(op, {&input, &target});
+  ClassRows r;
+  if (input.dim() == 1) {
+    EMBER_CHECK(target.dim() == 0, ShapeError, op, ": input ", shape_str(input.sizes()),
+                " (one sample) needs a 0-d target, got ", shape_str(target.sizes()));
+    r.classes = input.size(0);
+    r.rows = input.unsqueeze(0);
+    r.target = target.reshape({1});
+    r.out_shape = {};
+    return r;
+  }
+  EMBER_CHECK(input.dim() >= 2, ShapeError, op, ": input must be [C], [N, C] or [N, C, d1, ...], got ",
+              shape_str(input.sizes()));
+  Shape expected = input.sizes();
+  expected.erase(expected.begin() + 1);
+  EMBER_CHECK(target.sizes() == expected, ShapeError, op, ": input ", shape_str(input.sizes()),
+              " needs a target of shape ", shape_str(expected), ", got ", shape_str(target.sizes()));
+  r.classes = input.size(1);
+  r.out_shape = expected;
+  if (input.dim() == 2) {
+    r.rows = input;
+  } else {
+    std::vector<int64_t> perm{0};
+    for (int64_t d = 2; d < input.dim(); ++d) perm.push_back(d);
+    perm.push_back(1);
+    r.rows = input.permute(perm).reshape({-1, r.classes});
+  }
+  r.target = target.reshape({-1});
+  return r;
+}
+
+// Note [Target check]
+// A target outside [0, C) (other than ignore_index) would match no class in the one-hot selection and silently add
+// 0 to the loss; PyTorch raises (a device assert on CUDA). The check copies the targets to the host, which on a GPU
+// costs one synchronisation per loss: cheap next to a training step, and the error names the offending value.
+void check_targets(const char* op, const Tensor& target, int64_t classes, int64_t ignore_index) {
+  for (int64_t v : target.to_vector<int64_t>()) {
+    EMBER_CHECK(v == ignore_index || (v >= 0 && v < classes), IndexError, op, ": target ", v,
+                " is out of bounds for ", classes, " classes (ignore_index ", ignore_index, ")");
+  }
+}
+
+// The shared core of nll_loss and cross_entropy on log-probabilities [M, C].
+Tensor nll_rows(const char* op, const ClassRows& r, const Tensor& logp, int64_t ignore_index, double label_smoothing,
+                Reduction reduction) {
+  check_targets(op, r.target, r.classes, ignore_index);
+  const Device dev = logp.device();
+  const Tensor valid = ne(r.target, scalar_tensor(ignore_index, {DType::i64, dev}));  // [M] bool
+  // Ignored rows select no class: with ignore_index outside [0, C) they already match none; inside, they are
+  // redirected to -1 first.
+  Tensor selected_target = r.target;
+  if (ignore_index >= 0 && ignore_index < r.classes)
+    selected_target = where(valid, r.target, scalar_tensor(int64_t{-1}, {DType::i64, dev}));
+  const Tensor classes = arange(r.classes, TensorOptions(DType::i64, dev));
+  const Tensor one_hot = eq(selected_target.unsqueeze(1), classes.unsqueeze(0));  // [M, C] bool
+  // where, not a multiplication by the cast mask: a -inf log-probability of an unselected class (a masked logit)
+  // must not turn into 0 * inf = NaN.
+  const Tensor zero = scalar_tensor(0.0, {logp.dtype(), dev});
+  const Tensor neg_logp = neg(logp);
+  const Tensor per_row = sum(where(one_hot, neg_logp, zero), {1});  // [M]; ignored rows 0
+
+  auto reduce_rows = [&](const Tensor& per) -> Tensor {
+    switch (reduction) {
+      case Reduction::None: return per.reshape(r.out_shape);
+      case Reduction::Sum: return sum(per);
+      case Reduction::Mean: return div(sum(per), sum(cast(valid, logp.dtype())));  // mean over non-ignored rows
+    }
+    return per;
+  };
+  Tensor loss = reduce_rows(per_row);
+  if (label_smoothing > 0.0) {
+    const Tensor smooth = where(valid, sum(neg_logp, {1}), zero);  // [M]: sum over classes of -log p
+    loss = add(mul(loss, 1.0 - label_smoothing), mul(reduce_rows(smooth), label_smoothing / double(r.classes)));
+  }
+  return loss;
+}
+
+}  // namespace
+
+// ---- losses --------------------------------------------------------------------------------------------------------
+
+Tensor cross_entropy(const Tensor& input, const Tensor& target, int64_t ignore_index, double label_smoothing,
+                     Reduction reduction) {
+  EMBER_CHECK(label_smoothing >= 0.0 && label_smoothing <= 1.0, ValueError,
+              "cross_entropy: label_smoothing must be between 0.0 and 1.0, got ", label_smoothing);
+  const ClassRows r = to_class_rows("cross_entropy", input, target);
+  return nll_rows("cross_entropy", r, ember::log_softmax(r.rows, 1), ignore_index, label_smoothing, reduction);
+}
+
+Tensor nll_loss(const Tensor& input, const Tensor& target, int64_t ignore_index, Reduction reduction) {
+  const ClassRows r = to_class_rows("nll_loss", input, target);
+  return nll_rows("nll_loss", r, r.rows, ignore_index, 0.0, reduction);
+}
+
+Tensor mse_loss(const Tensor& input, const Tensor& target, Reduction reduction) {
+  check_floating("mse_loss", input);
+  check_floating("mse_loss", target);
+  const Tensor d = sub(input, target);
+  return reduce(mul(d, d), reduction);
+}
+
+// ---- layers as functions ---------------------------------------------------------------------------------------
+
+Tensor linear(const Tensor& input, const Tensor& weight, const Tensor& bias) {
+  return ember::linear(input, weight, bias);
+}
+
+Tensor dropout(const Tensor& input, double p, bool training) {
+  EMBER_CHECK(p >= 0.0 && p <= 1.0, ValueError, "dropout: probability has to be between 0 and 1, but got ", p);
+  return ember::dropout(input, p, training);
+}
+
+Tensor embedding(const Tensor& input, const Tensor& weight) { return ember::embedding(weight, input); }
+
+Tensor layer_norm(const Tensor& input, const Shape& normalized_shape, const Tensor& weight, const Tensor& bias,
+                  double eps) {
+  return ember::layer_norm(input, normalized_shape, weight, bias, eps);
+}
+
+Tensor relu(const Tensor& input) { return ember::relu(input); }
+Tensor gelu(const Tensor& input, GeluApprox approximate) { return ember::gelu(input, approximate); }
+Tensor silu(const Tensor& input) { return ember::silu(input); }
+Tensor softmax(const Tensor& input, int64_t dim) { return ember::softmax(input, dim); }
+Tensor log_softmax(const Tensor& input, int64_t dim) { return ember::log_softmax(input, dim); }
+
+// ---- batch norm ------------------------------------------------------------------------------------------------
+
+Tensor batch_norm(const Tensor& input, const Tensor& running_mean, const Tensor& running_var, const Tensor& weight,
+                  const Tensor& bias, bool training, double momentum, double eps) {
+  EMBER_CHECK(input.defined(), ValueError, "batch_norm: input is undefined");
+  check_floating("batch_norm", input);
+  EMBER_CHECK(input.dim() >= 2, ShapeError, "batch_norm: input must be [N, C, *], got ", shape_str(input.sizes()));
+  const int64_t channels = input.size(1);
+  for (const Tensor* t : {&running_mean, &running_var, &weight, &bias}) {
+    EMBER_CHECK(!t->defined() || t->sizes() == Shape{channels}, ShapeError, "batch_norm: input ",
+                shape_str(input.sizes()), " needs per-channel tensors of shape [", channels, "], got ",
+                shape_str(t->sizes()));
+  }
+  common_device("batch_norm", {&input, &running_mean, &running_var, &weight, &bias});
+  Shape channel_shape(input.dim(), 1);  // [1, C, 1, ...]: broadcasts a per-channel vector over the input
+  channel_shape[1] = channels;
+  std::vector<int64_t> dims{0};
+  for (int64_t d = 2; d < input.dim(); ++d) dims.push_back(d);
+
+  // Half inputs are normalised in f32 (PyTorch accumulates batch-norm statistics in f32 too).
+  const DType out_dtype = input.dtype();
+  const DType compute = (out_dtype == DType::f16 || out_dtype == DType::bf16) ? DType::f32 : out_dtype;
+  const Tensor x = cast(input, compute);
+  Tensor mu, var;
+  if (training) {
+    const int64_t n = input.numel() / std::max<int64_t>(channels, 1);
+    EMBER_CHECK(n > 1, ValueError, "batch_norm: expected more than 1 value per channel when training, got input ",
+                shape_str(input.sizes()));
+    mu = mean(x, dims, true);
+    var = ember::var(x, dims, /*correction=*/0, true);
+    NoGradGuard no_grad;
+    auto update = [&](const Tensor& running, const Tensor& stat) {
+      if (!running.defined()) return;
+      const Tensor s = stat.detach().reshape({channels}).to(running.dtype());
+      Tensor target = running;
+      target.copy_(ops::add(ops::mul(running, 1.0 - momentum), ops::mul(s, momentum)));
+    };
+    update(running_mean, mu);
+    update(running_var, ops::mul(var.detach(), double(n) / double(n - 1)));  // unbiased
+  } else {
+    EMBER_CHECK(running_mean.defined() && running_var.defined(), ValueError,
+                "batch_norm: running_mean and running_var must be defined when not training");
+    mu = cast(running_mean, compute).view(channel_shape);
+    var = cast(running_var, compute).view(channel_shape);
+  }
+  Tensor out = mul(sub(x, mu), rsqrt(add(var, eps)));
+  if (weight.defined()) out = mul(out, cast(weight, compute).view(channel_shape));
+  if (bias.defined()) out = add(out, cast(bias, compute).view(channel_shape));
+  return cast(out, out_dtype);
+}
+
+// ---- attention -------------------------------------------------------------------------------------------------
+
+Tensor scaled_dot_product_attention(const Tensor& query, const Tensor& key, const Tensor& value,
+                                    const Tensor& attn_mask, double dropout_p, bool is_causal,
+                                    std::optional<double> scale) {
+  const char* op = "scaled_dot_product_attention";
+  EMBER_CHECK(query.defined() && key.defined() && value.defined(), ValueError, op, ": q, k, v must be defined");
+  EMBER_CHECK(query.dim() >= 2 && key.dim() >= 2 && value.dim() >= 2, ShapeError, op,
+              ": q, k, v need at least 2 dims, got ", shape_str(query.sizes()), ", ", shape_str(key.sizes()), ", ",
+              shape_str(value.sizes()));
+  const int64_t L = query.size(query.dim() - 2), E = query.size(query.dim() - 1);
+  const int64_t S = key.size(key.dim() - 2);
+  EMBER_CHECK(key.size(key.dim() - 1) == E && value.size(value.dim() - 2) == S, ShapeError, op,
+              ": query ", shape_str(query.sizes()), ", key ", shape_str(key.sizes()), " and value ",
+              shape_str(value.sizes()), " do not fit ([..., L, E], [..., S, E], [..., S, Ev])");
+  EMBER_CHECK(!(is_causal && attn_mask.defined()), ValueError, op,
+              ": give either attn_mask or is_causal, not both");
+  EMBER_CHECK(dropout_p >= 0.0 && dropout_p <= 1.0, ValueError, op, ": dropout_p must be in [0, 1], got ", dropout_p);
+  const double s = scale ? *scale : 1.0 / std::sqrt(double(E));
+  const Device dev = query.device();
+
+  Tensor att = mul(matmul(query, key.transpose(-2, -1)), s);  // [..., L, S]
+  const Tensor minus_inf = scalar_tensor(-std::numeric_limits<double>::infinity(), {att.dtype(), dev});
+  if (is_causal) {
+    // allowed[i, j] = (j <= i): the lower triangle, top-left aligned when L != S.
+    const Tensor q_pos = arange(L, TensorOptions(DType::i64, dev)).unsqueeze(1);
+    const Tensor k_pos = arange(S, TensorOptions(DType::i64, dev)).unsqueeze(0);
+    att = where(le(k_pos, q_pos), att, minus_inf);
+  } else if (attn_mask.defined()) {
+    att = attn_mask.dtype() == DType::b8 ? where(attn_mask, att, minus_inf) : add(att, attn_mask);
+  }
+  att = ember::softmax(att, -1);
+  if (dropout_p > 0.0) att = ember::dropout(att, dropout_p, true);
+  return matmul(att, value);
+}
+
+}  // namespace ember::nn::functional
