@@ -1,5 +1,5 @@
-// ember: one include for users — tensors, devices, dtypes, the differentiable op set, autograd and the allocator
-// statistics.
+// ember: one include for users — tensors, devices, dtypes, the differentiable op set, autograd, nn, optimizers,
+// datasets, serialization and the allocator statistics.
 // Invariant: includes only public headers; nothing here pulls in Eigen or CUDA headers.
 #pragma once
 
@@ -20,3 +20,14 @@
 #include "ember/memory/cpu_allocator.h"
 #include "ember/memory/cuda_device.h"
 #include "ember/memory/host_allocator.h"
+#include "ember/nn/functional.h"
+#include "ember/nn/init.h"
+#include "ember/nn/layers.h"
+#include "ember/nn/models.h"
+#include "ember/nn/module.h"
+#include "ember/nn/safetensors.h"
+#include "ember/nn/transformer.h"
+#include "ember/optim/optim.h"
+#include "ember/data/mnist.h"
+#include "ember/data/text_dataset.h"
+#include "ember/train/bench_train.h"

@@ -123,5 +123,16 @@ Tensor conv2d_backward_weight(const Tensor& grad_out, const Tensor& x, const Sha
 Tensor max_pool2d_backward(const Tensor& grad_out, const Tensor& indices, const Shape& input_shape);
 Tensor avg_pool2d_backward(const Tensor& grad_out, const Shape& input_shape, const Pool2dParams& p);
 
+// ---- optimizer updates (in place; kernels/stubs.h: SgdParams, AdamParams) -----------------------------------------
+// One torch.optim step of one parameter, written into param and its state tensors (see the stubs for the layout:
+// contiguous, state in f32, or f64 for f64 params). Bumps the version counter of every tensor written. Raises
+// ShapeError/DTypeError/DeviceError/ValueError for mismatched or non-contiguous tensors, and ValueError when param
+// requires grad while grad mode is on (run optimizer steps under NoGradGuard).
+void sgd_step_(const Tensor& param, const Tensor& grad, const Tensor& momentum_buf, const SgdParams& p);
+void adam_step_(const Tensor& param, const Tensor& grad, const Tensor& exp_avg, const Tensor& exp_avg_sq,
+                const AdamParams& p);
+// The dtype optimizer state takes for a parameter of dtype `param_dtype`: f64 for f64, else f32.
+DType optimizer_state_dtype(DType param_dtype);
+
 }  // namespace ops
 }  // namespace ember

@@ -143,4 +143,27 @@ using AvgPool2dBackwardFn = void (*)(const Tensor& grad_out, const Pool2dParams&
 EMBER_DECLARE_STUB(max_pool2d_backward, MaxPool2dBackwardFn);
 EMBER_DECLARE_STUB(avg_pool2d_backward, AvgPool2dBackwardFn);
 
+// ---- optimizer updates (in place) ---------------------------------------------------------------------------------
+// torch.optim's single-tensor update rules applied to one parameter in one pass over memory (the element math and
+// Note [Optimizer update rules] are in kernels/optim_math.h). param and grad share a floating dtype; the state
+// tensors (momentum_buf, exp_avg, exp_avg_sq) are f32, or f64 for f64 params; every tensor is contiguous, has
+// param's shape, lives on param's device and does not overlap the others. Math runs in op_math_t of param's dtype
+// (f32 for f16/bf16); the double hyper-parameters are rounded to that type once per call.
+struct SgdParams {
+  double lr = 1e-3, momentum = 0.0, dampening = 0.0, weight_decay = 0.0;
+  bool nesterov = false;
+  bool first_step = false;  // the momentum buffer is set to the (weight-decayed) grad instead of being updated
+};
+struct AdamParams {
+  double lr = 1e-3, beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weight_decay = 0.0;
+  bool decoupled = false;  // AdamW: p *= 1 - lr * weight_decay instead of g += weight_decay * p
+  int64_t step = 1;        // the step being taken, counted from 1 (it sets the bias corrections)
+};
+// momentum_buf is undefined when momentum == 0 (and not read then).
+using SgdStepFn = void (*)(const Tensor& param, const Tensor& grad, const Tensor& momentum_buf, const SgdParams& p);
+using AdamStepFn = void (*)(const Tensor& param, const Tensor& grad, const Tensor& exp_avg, const Tensor& exp_avg_sq,
+                            const AdamParams& p);
+EMBER_DECLARE_STUB(sgd_step, SgdStepFn);
+EMBER_DECLARE_STUB(adam_step, AdamStepFn);
+
 }  // namespace ember

@@ -1,0 +1,103 @@
+// Front ends of the fused in-place optimizer updates (sgd_step_, adam_step_) and their dispatch stubs.
+// Invariant: a kernel is reached only with tensors laid out as kernels/stubs.h promises (one device, param's shape,
+// contiguous, state dtype = optimizer_state_dtype(param dtype), no overlap), and every tensor it writes has its
+// version counter bumped, since kernels write raw memory.
+#include "ember/core/grad_mode.h"
+#include "ember/kernels/ops.h"
+
+namespace ember {
+
+EMBER_DEFINE_STUB(sgd_step, SgdStepFn);
+EMBER_DEFINE_STUB(adam_step, AdamStepFn);
+
+namespace ops {
+
+DType optimizer_state_dtype(DType param_dtype) { return param_dtype == DType::f64 ? DType::f64 : DType::f32; }
+
+namespace {
+
+// Whether two contiguous tensors share bytes of one storage.
+bool overlaps(const Tensor& a, const Tensor& b) {
+  if (a.storage().get() != b.storage().get() || a.numel() == 0 || b.numel() == 0) return false;
+  const int64_t a0 = a.storage_offset() * a.itemsize(), a1 = a0 + a.nbytes();
+  const int64_t b0 = b.storage_offset() * b.itemsize(), b1 = b0 + b.nbytes();
+  return a0 < b1 && b0 < a1;
+}
+
+void check_param(const char* op, const Tensor& param, const Tensor& grad) {
+  EMBER_CHECK(param.defined(), ValueError, op, ": param is an undefined tensor");
+  EMBER_CHECK(grad.defined(), ValueError, op, ": grad is an undefined tensor (parameters without a grad are skipped "
+              "by the optimizer, not passed here)");
+  check_floating(op, param);
+  EMBER_CHECK(grad.dtype() == param.dtype(), DTypeError, op, ": grad dtype must match the parameter, got param ",
+              param.description(), " and grad ", grad.description());
+  EMBER_CHECK(grad.sizes() == param.sizes(), ShapeError, op, ": grad shape must match the parameter, got param ",
+              param.description(), " and grad ", grad.description());
+  EMBER_CHECK(!(GradMode::is_enabled() && param.requires_grad()), ValueError, op, ": in-place update of ",
+              param.description(), ", which requires grad, while grad mode is on; run optimizer steps under "
+              "NoGradGuard");
+  EMBER_CHECK(!param.is_inference() || InferenceMode::is_enabled(), ValueError, op, ": in-place update of the "
+              "inference tensor ", param.description(), " outside InferenceMode");
+}
+
+void check_state(const char* op, const char* name, const Tensor& state, const Tensor& param) {
+  EMBER_CHECK(state.defined(), ValueError, op, ": ", name, " is an undefined tensor");
+  const DType want = optimizer_state_dtype(param.dtype());
+  EMBER_CHECK(state.dtype() == want, DTypeError, op, ": ", name, " must be ", dtype_name(want), " for a ",
+              dtype_name(param.dtype()), " parameter, got ", state.description());
+  EMBER_CHECK(state.sizes() == param.sizes(), ShapeError, op, ": ", name, " shape must match the parameter, got param ",
+              param.description(), " and ", name, " ", state.description());
+}
+
+void check_contiguous(const char* op, std::initializer_list<std::pair<const char*, const Tensor*>> ts) {
+  for (const auto& [name, t] : ts) {
+    if (!t->defined()) continue;
+    EMBER_CHECK(t->is_contiguous(), ValueError, op, ": ", name, " must be contiguous, got ", t->description(),
+                " with strides ", shape_str(t->strides()), "; the optimizer passes contiguous copies");
+  }
+  for (auto i = ts.begin(); i != ts.end(); ++i)
+    for (auto j = i + 1; j != ts.end(); ++j) {
+      if (!i->second->defined() || !j->second->defined()) continue;
+      EMBER_CHECK(!overlaps(*i->second, *j->second), ValueError, op, ": ", i->first, " and ", j->first,
+                  " share memory");
+    }
+}
+
+}  // namespace
+
+void sgd_step_(const Tensor& param, const Tensor& grad, const Tensor& momentum_buf, const SgdParams& p) {
+  const char* op = "sgd_step_";
+  check_param(op, param, grad);
+  const bool use_momentum = p.momentum != 0.0;
+  EMBER_CHECK(!p.nesterov || (p.momentum > 0.0 && p.dampening == 0.0), ValueError, op,
+              ": nesterov momentum requires a momentum > 0 and zero dampening");
+  const Tensor buf = use_momentum ? momentum_buf : Tensor();
+  if (use_momentum) check_state(op, "momentum_buf", buf, param);
+  const Device device = common_device(op, {&param, &grad, &buf});
+  check_contiguous(op, {{"param", &param}, {"grad", &grad}, {"momentum_buf", &buf}});
+  const bool run = param.numel() > 0 && !device.is_meta();
+  const SgdStepFn fn = run ? sgd_step_stub.get(device.type) : nullptr;
+  param.bump_version();
+  if (use_momentum) buf.bump_version();
+  if (run) fn(param, grad, buf, p);
+}
+
+void adam_step_(const Tensor& param, const Tensor& grad, const Tensor& exp_avg, const Tensor& exp_avg_sq,
+                const AdamParams& p) {
+  const char* op = "adam_step_";
+  check_param(op, param, grad);
+  EMBER_CHECK(p.step >= 1, ValueError, op, ": step counts from 1, got ", p.step);
+  check_state(op, "exp_avg", exp_avg, param);
+  check_state(op, "exp_avg_sq", exp_avg_sq, param);
+  const Device device = common_device(op, {&param, &grad, &exp_avg, &exp_avg_sq});
+  check_contiguous(op, {{"param", &param}, {"grad", &grad}, {"exp_avg", &exp_avg}, {"exp_avg_sq", &exp_avg_sq}});
+  const bool run = param.numel() > 0 && !device.is_meta();
+  const AdamStepFn fn = run ? adam_step_stub.get(device.type) : nullptr;
+  param.bump_version();
+  exp_avg.bump_version();
+  exp_avg_sq.bump_version();
+  if (run) fn(param, grad, exp_avg, exp_avg_sq, p);
+}
+
+}  // namespace ops
+}  // namespace ember

@@ -1,0 +1,130 @@
+// Standard training configurations and the step timer (bench_train.h).
+#include "ember/train/bench_train.h"
+
+#include <sys/resource.h>
+
+#include <algorithm>
+#include <chrono>
+#include <nlohmann/json.hpp>
+#include <vector>
+
+#include "ember/core/generator.h"
+#include "ember/core/grad_mode.h"
+#include "ember/memory/cuda_device.h"
+#include "ember/nn/functional.h"
+#include "ember/nn/models.h"
+#include "ember/nn/transformer.h"
+#include "ember/optim/adam.h"
+
+namespace ember::train {
+
+namespace F = nn::functional;
+
+StandardTask make_standard_task(const std::string& name, Device device, uint64_t seed) {
+  manual_seed(seed);
+  StandardTask t;
+  t.name = name;
+  const TensorOptions f32(DType::f32, device);
+  if (name == "mlp") {
+    t.batch = 256;
+    t.model = nn::make_mlp({784, 1024, 1024, 10});
+    t.inputs = randn({t.batch, 784}, f32);
+    t.targets = (rand({t.batch}, f32) * 10.0).to(DType::i64);
+  } else if (name == "cnn") {
+    t.batch = 64;
+    t.model = std::make_shared<nn::MnistNet>(/*dropout=*/false);
+    t.inputs = randn({t.batch, 1, 28, 28}, f32);
+    t.targets = (rand({t.batch}, f32) * 10.0).to(DType::i64);
+  } else if (name == "gpt") {
+    t.batch = 12;
+    const nn::GPTConfig cfg;  // nanoGPT's CPU Shakespeare config: vocab 65, block 64, 4 layers, 4 heads, 128 wide
+    t.model = std::make_shared<nn::GPT>(cfg);
+    t.inputs = (rand({t.batch, cfg.block_size}, f32) * double(cfg.vocab_size)).to(DType::i64);
+    t.targets = (rand({t.batch, cfg.block_size}, f32) * double(cfg.vocab_size)).to(DType::i64);
+  } else {
+    EMBER_THROW(ValueError, "unknown standard config '", name, "' (known: mlp, cnn, gpt)");
+  }
+  t.model->to(device);
+  nn::Module* model = t.model.get();
+  const Tensor x = t.inputs, y = t.targets;
+  t.loss = [model, x, y]() {
+    const Tensor logits = model->forward(x);
+    return F::cross_entropy(logits.reshape({-1, logits.size(-1)}), y.reshape({-1}));
+  };
+  return t;
+}
+
+namespace {
+
+void sync(Device device) {
+  if (device.is_cuda()) memory::cuda::synchronize(device.index);
+}
+
+double peak_rss_mib() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return static_cast<double>(u.ru_maxrss) / 1024.0;  // ru_maxrss is in KiB on Linux
+}
+
+}  // namespace
+
+BenchTrainResult bench_train(const BenchTrainOptions& o) {
+  EMBER_CHECK(o.steps > 0 && o.warmup >= 0, ValueError, "bench train: steps must be > 0 and warmup >= 0");
+  StandardTask task = make_standard_task(o.model, o.device, o.seed);
+  optim::AdamW opt(task.model->parameters(), optim::AdamWOptions{.lr = 1e-3});
+  memory::Allocator& alloc = allocator_for(o.device);
+
+  BenchTrainResult r;
+  r.model = o.model;
+  r.device = o.device.str();
+  r.steps = o.steps;
+  r.batch = task.batch;
+  r.parameters = task.model->num_parameters();
+  std::vector<double> ms;
+  for (int64_t i = 0; i < o.warmup + o.steps; ++i) {
+    if (i == o.warmup) {
+      sync(o.device);
+      alloc.reset_peak_stats();
+    }
+    const auto t0 = std::chrono::steady_clock::now();
+    Tensor loss = task.loss();
+    loss.backward();
+    opt.step();
+    opt.zero_grad(/*set_to_none=*/true);
+    const double value = loss.item_double();  // also synchronises with the device
+    sync(o.device);
+    const auto t1 = std::chrono::steady_clock::now();
+    if (i == 0) r.first_loss = value;
+    r.last_loss = value;
+    if (i >= o.warmup) ms.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
+  }
+  std::sort(ms.begin(), ms.end());
+  r.ms_per_step_median = ms.size() % 2 ? ms[ms.size() / 2] : 0.5 * (ms[ms.size() / 2 - 1] + ms[ms.size() / 2]);
+  r.ms_per_step_min = ms.front();
+  r.ms_per_step_max = ms.back();
+  const memory::AllocatorStats s = alloc.stats();
+  r.peak_allocated_bytes = s.peak_allocated_bytes;
+  r.peak_reserved_bytes = s.peak_reserved_bytes;
+  r.peak_rss_mib = peak_rss_mib();
+  return r;
+}
+
+std::string BenchTrainResult::to_json() const {
+  nlohmann::ordered_json j;
+  j["model"] = model;
+  j["device"] = device;
+  j["steps"] = steps;
+  j["batch"] = batch;
+  j["parameters"] = parameters;
+  j["ms_per_step_median"] = ms_per_step_median;
+  j["ms_per_step_min"] = ms_per_step_min;
+  j["ms_per_step_max"] = ms_per_step_max;
+  j["peak_rss_mib"] = peak_rss_mib;
+  j["peak_allocated_bytes"] = peak_allocated_bytes;
+  j["peak_reserved_bytes"] = peak_reserved_bytes;
+  j["first_loss"] = first_loss;
+  j["last_loss"] = last_loss;
+  return j.dump();
+}
+
+}  // namespace ember::train

@@ -1,0 +1,52 @@
+// The standard training configurations (mlp, cnn, gpt) and a timer for their AdamW training steps — what
+// `ember bench train` runs, and what peer comparisons and memory tests use as "one step of each standard config".
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "ember/core/tensor.h"
+#include "ember/nn/module.h"
+
+namespace ember::train {
+
+// One standard configuration on a device: the model, one fixed batch, and the loss of the model on it.
+//   mlp: 784-1024-1024-10 ReLU, batch 256, random inputs and labels;
+//   cnn: the MNIST Net without dropout, batch 64, random 1×28×28 inputs;
+//   gpt: nanoGPT's char config (4 layers, 4 heads, 128 wide, block 64, vocab 65), batch 12, random tokens.
+struct StandardTask {
+  std::string name;
+  std::shared_ptr<nn::Module> model;
+  Tensor inputs, targets;
+  int64_t batch = 0;
+  std::function<Tensor()> loss;  // forward + cross-entropy on the batch (records the graph)
+};
+// ValueError for an unknown name (the message lists the known ones). Seeds the default generator with `seed`.
+StandardTask make_standard_task(const std::string& name, Device device, uint64_t seed = 0);
+
+struct BenchTrainOptions {
+  std::string model = "mlp";
+  int64_t steps = 20;   // timed steps
+  int64_t warmup = 3;   // untimed steps first (the allocator's cache fills, the optimizer state is created)
+  Device device = Device::cpu();
+  uint64_t seed = 0;
+};
+
+struct BenchTrainResult {
+  std::string model, device;
+  int64_t steps = 0, batch = 0, parameters = 0;
+  double ms_per_step_median = 0, ms_per_step_min = 0, ms_per_step_max = 0;
+  double peak_rss_mib = 0;           // the process's peak resident set (getrusage), MiB
+  int64_t peak_allocated_bytes = 0;  // the device allocator's peak during the timed steps
+  int64_t peak_reserved_bytes = 0;
+  double first_loss = 0, last_loss = 0;
+  std::string to_json() const;  // one line
+};
+
+// Times AdamW (lr 1e-3) training steps — forward, backward, optimizer step, zero_grad(set_to_none) — of the
+// standard config `options.model`.
+BenchTrainResult bench_train(const BenchTrainOptions& options);
+
+}  // namespace ember::train

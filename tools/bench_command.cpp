@@ -1,0 +1,62 @@
+// `ember bench train`: times AdamW training steps of a standard config (ember/train/bench_train.h) and prints a
+// human-readable line, or one JSON line with --json.
+#include <cstdio>
+#include <memory>
+#include <string>
+
+#include "ember/core/device.h"
+#include "ember/memory/allocator.h"
+#include "ember/train/bench_train.h"
+#include "tools/commands.h"
+
+namespace ember::tools {
+
+namespace {
+
+struct BenchTrainArgs {
+  std::string model = "mlp";
+  int64_t steps = 20;
+  int64_t warmup = 3;
+  std::string device = "cpu";
+  uint64_t seed = 0;
+  bool json = false;
+};
+
+void run_bench_train(const BenchTrainArgs& a) {
+  train::BenchTrainOptions o;
+  o.model = a.model;
+  o.steps = a.steps;
+  o.warmup = a.warmup;
+  o.device = Device(a.device);
+  o.seed = a.seed;
+  const train::BenchTrainResult r = train::bench_train(o);
+  if (a.json) {
+    std::printf("%s\n", r.to_json().c_str());
+    return;
+  }
+  std::printf("%s on %s: batch %lld, %lld parameters, %lld steps: median %.2f ms/step (min %.2f, max %.2f); "
+              "loss %.4f -> %.4f; peak allocated %s, peak reserved %s, peak RSS %.1f MiB\n",
+              r.model.c_str(), r.device.c_str(), static_cast<long long>(r.batch),
+              static_cast<long long>(r.parameters), static_cast<long long>(r.steps), r.ms_per_step_median,
+              r.ms_per_step_min, r.ms_per_step_max, r.first_loss, r.last_loss,
+              memory::format_bytes(r.peak_allocated_bytes).c_str(),
+              memory::format_bytes(r.peak_reserved_bytes).c_str(), r.peak_rss_mib);
+}
+
+}  // namespace
+
+void add_bench_command(CLI::App& app) {
+  CLI::App* bench = app.add_subcommand("bench", "benchmarks");
+  bench->require_subcommand(1);
+  auto args = std::make_shared<BenchTrainArgs>();
+  CLI::App* train = bench->add_subcommand("train", "time AdamW training steps of a standard config");
+  train->add_option("--model", args->model, "mlp | cnn | gpt")->check(CLI::IsMember({"mlp", "cnn", "gpt"}));
+  train->add_option("--steps", args->steps, "timed steps")->check(CLI::PositiveNumber);
+  train->add_option("--warmup", args->warmup, "untimed steps first")->check(CLI::NonNegativeNumber);
+  train->add_option("--device", args->device, "cpu | cuda | cuda:N");
+  train->add_option("--seed", args->seed, "seed of the model and the batch");
+  train->add_flag("--json", args->json, "print one JSON line");
+  train->callback([args] { run_bench_train(*args); });
+}
+
+}  // namespace ember::tools

@@ -1,0 +1,11 @@
+// The subcommands of the `ember` program, each adding itself to the CLI11 app.
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+namespace ember::tools {
+
+// `ember bench train --model mlp|cnn|gpt --steps N --device cpu|cuda[:N] [--warmup N] [--json]`
+void add_bench_command(CLI::App& app);
+
+}  // namespace ember::tools
