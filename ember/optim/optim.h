@@ -1,7 +1,8 @@
-// ember::optim in one include: optimizers (SGD, Adam, AdamW), learning-rate schedulers and gradient clipping.
+// ember::optim in one include: optimizers (SGD, Adam, AdamW, Adadelta), learning-rate schedulers and gradient clipping.
 // Invariant: includes only the optim layer's public headers.
 #pragma once
 
+#include "ember/optim/adadelta.h"
 #include "ember/optim/adam.h"
 #include "ember/optim/clip_grad.h"
 #include "ember/optim/lr_scheduler.h"
