@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "ember/ember.h"
+#include "tests/harness/op_harness.h"
 
 namespace ember::testing {
 
@@ -34,20 +35,6 @@ inline ::testing::AssertionResult values_near(const Tensor& t, const std::vector
   return ::testing::AssertionSuccess();
 }
 
-// Runs f, expects an exception of type E, and returns its message ("" and a test failure otherwise).
-template <class E, class F>
-std::string error_message(F&& f) {
-  try {
-    f();
-  } catch (const E& e) {
-    return e.what();
-  } catch (const std::exception& e) {
-    ADD_FAILURE() << "expected another exception type, got: " << e.what();
-    return "";
-  }
-  ADD_FAILURE() << "expected an exception, none was thrown";
-  return "";
-}
 
 inline bool contains(const std::string& haystack, const std::string& needle) {
   return haystack.find(needle) != std::string::npos;

@@ -15,6 +15,7 @@
 
 #include <gtest/gtest.h>
 
+#include <exception>
 #include <functional>
 #include <optional>
 #include <string>
@@ -71,6 +72,21 @@ struct OpCase {
 // f64) is compared with reference(rounded inputs as f64). Allocations are poisoned with NaN bytes in every test
 // binary (test_main.cpp), so output elements a kernel leaves unwritten fail the comparison.
 void check_op(const OpCase& c, Device device);
+
+// Runs f, expects an exception of type E, and returns its message ("" and a test failure otherwise).
+template <class E, class F>
+std::string error_message(F&& f) {
+  try {
+    f();
+  } catch (const E& e) {
+    return e.what();
+  } catch (const std::exception& e) {
+    ADD_FAILURE() << "expected another exception type, got: " << e.what();
+    return "";
+  }
+  ADD_FAILURE() << "expected an exception, none was thrown";
+  return "";
+}
 
 // Device-parameterised fixture: GetParam() is the device; cuda instances skip without a GPU.
 class DeviceTest : public ::testing::TestWithParam<Device> {

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "tests/harness/op_harness.h"
+#include "tests/kernels/conv_pool_test_util.h"
 
 namespace ember::testing {
 namespace {
@@ -40,30 +41,6 @@ Tensor conv_ref(const Tensor& x, const Tensor& w, const Tensor& b, const Conv2dP
   return from_vector(out, {N, O, OH, OW});
 }
 
-Conv2dParams conv_params(int64_t sh, int64_t sw, int64_t ph, int64_t pw, int64_t dh, int64_t dw, int64_t groups) {
-  Conv2dParams p;
-  p.stride[0] = sh;
-  p.stride[1] = sw;
-  p.padding[0] = ph;
-  p.padding[1] = pw;
-  p.dilation[0] = dh;
-  p.dilation[1] = dw;
-  p.groups = groups;
-  return p;
-}
-
-Pool2dParams pool_params(int64_t kh, int64_t kw, int64_t sh, int64_t sw, int64_t ph, int64_t pw,
-                         bool count_include_pad = true) {
-  Pool2dParams p;
-  p.kernel[0] = kh;
-  p.kernel[1] = kw;
-  p.stride[0] = sh;
-  p.stride[1] = sw;
-  p.padding[0] = ph;
-  p.padding[1] = pw;
-  p.count_include_pad = count_include_pad;
-  return p;
-}
 
 Tolerance conv_tolerance(DType dt) {
   Tolerance t = default_tolerance(dt);

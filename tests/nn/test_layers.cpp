@@ -26,16 +26,7 @@ std::vector<std::string> keys(const NamedTensors& named) {
 
 std::vector<double> f64(const Tensor& t) { return t.to(DType::f64).contiguous().to_vector<double>(); }
 
-template <class E, class Fn>
-std::string error_message(Fn fn) {
-  try {
-    fn();
-  } catch (const E& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "expected an exception";
-  return "";
-}
+using ember::testing::error_message;
 
 // ---- Linear --------------------------------------------------------------------------------------------------
 

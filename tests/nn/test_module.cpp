@@ -48,16 +48,7 @@ std::vector<std::string> keys(const NamedTensors& named) {
   return out;
 }
 
-template <class E, class Fn>
-std::string error_message(Fn fn) {
-  try {
-    fn();
-  } catch (const E& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "expected an exception";
-  return "";
-}
+using ember::testing::error_message;
 
 TEST(Module, RegistrationOrderAndDottedNames) {
   auto net = std::make_shared<Net>();
