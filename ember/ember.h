@@ -30,4 +30,3 @@
 #include "ember/optim/optim.h"
 #include "ember/data/mnist.h"
 #include "ember/data/text_dataset.h"
-#include "ember/train/bench_train.h"

@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
+#include <limits>
 #include <string>
 
 #include "ember/data/text_dataset.h"
@@ -52,20 +53,24 @@ int main(int argc, char** argv) {
   std::string data_path = "../shared/data/tinyshakespeare/input.txt", device_name = "cpu";
   int64_t iters = 2000, eval_interval = 250, eval_iters = 20, batch = 12;
   uint64_t seed = 1337;
+  const CLI::Range positive(int64_t{1}, std::numeric_limits<int64_t>::max());
   CLI::App app{"Train nanoGPT's character-level Shakespeare model with ember"};
   app.add_option("--data", data_path, "a UTF-8 text file");
-  app.add_option("--iters", iters)->check(CLI::PositiveNumber);
-  app.add_option("--eval-interval", eval_interval)->check(CLI::PositiveNumber);
-  app.add_option("--eval-iters", eval_iters)->check(CLI::PositiveNumber);
-  app.add_option("--batch-size", batch)->check(CLI::PositiveNumber);
+  app.add_option("--iters", iters)->check(positive);
+  app.add_option("--eval-interval", eval_interval)->check(positive);
+  app.add_option("--eval-iters", eval_iters)->check(positive);
+  app.add_option("--batch-size", batch)->check(positive);
   app.add_option("--device", device_name, "cpu | cuda | cuda:N");
   app.add_option("--seed", seed);
+  bool generated = false;
+  app.add_flag("--generated", generated, "train on a generated text even when the real data is there");
   CLI11_PARSE(app, argc, argv);
   std::setvbuf(stdout, nullptr, _IOLBF, 0);  // progress lines appear as they happen, also when piped
 
   try {
     const Device device(device_name);
-    const bool real = std::filesystem::exists(data_path);
+    const bool real = !generated && std::filesystem::exists(data_path);
+    EMBER_CHECK(real || generated || app.count("--data") == 0, ValueError, "--data ", data_path, " does not exist");
     const data::CharDataset ds = real ? data::CharDataset::from_file(data_path) : data::CharDataset(generated_text());
     nn::GPTConfig cfg;  // n_layer 4, n_head 4, n_embd 128, block 64, dropout 0, bias false
     cfg.vocab_size = ds.vocab_size();
@@ -115,7 +120,7 @@ int main(int argc, char** argv) {
                 memory::format_bytes(s.peak_reserved_bytes).c_str());
     const Tensor start = zeros({1, 1}, TensorOptions(DType::i64, device));
     std::printf("--- sample ---\n%s\n", ds.decode(model->generate(start, 300, 1.0, 200, seed)).c_str());
-  } catch (const Error& e) {
+  } catch (const std::exception& e) {  // ember::Error and its typed subclasses, or a standard-library failure
     std::fprintf(stderr, "char_gpt: %s\n", e.what());
     return 1;
   }

@@ -3,12 +3,15 @@
 // memory the training used.
 // Data: --data DIR (the IDX files, raw or .gz); by default ../shared/data/mnist when it exists, else generated
 // digit images (so the example always runs).
-//   mnist_cnn [--data DIR] [--epochs 2] [--batch-size 64] [--lr 1.0] [--device cpu|cuda] [--max-batches N]
+//   mnist_cnn [--data DIR] [--epochs 2] [--batch-size 64] [--optimizer adadelta|adamw] [--lr X]
+//             [--device cpu|cuda] [--max-batches N] [--max-test N]
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
+#include <limits>
+#include <memory>
 #include <numeric>
 #include <random>
 
@@ -17,6 +20,7 @@
 #include "ember/nn/functional.h"
 #include "ember/nn/models.h"
 #include "ember/optim/adadelta.h"
+#include "ember/optim/adam.h"
 #include "ember/optim/lr_scheduler.h"
 
 using namespace ember;
@@ -46,8 +50,8 @@ double accuracy(nn::Module& model, const Split& test, int64_t max_test) {
   model.eval();
   const int64_t n = max_test >= 0 ? std::min(max_test, test.labels.numel()) : test.labels.numel();
   int64_t correct = 0;
-  for (int64_t start = 0; start < n; start += 1000) {
-    const int64_t len = std::min<int64_t>(1000, n - start);
+  for (int64_t start = 0; start < n; start += 256) {  // 256 images: the conv activations stay ~100 MiB
+    const int64_t len = std::min<int64_t>(256, n - start);
     const Tensor logits = model.forward(test.images.narrow(0, start, len).view({len, 1, 28, 28}));
     correct += static_cast<int64_t>(sum(eq(argmax(logits, 1), test.labels.narrow(0, start, len)).to(DType::f64))
                                         .item_double());
@@ -61,41 +65,66 @@ double accuracy(nn::Module& model, const Split& test, int64_t max_test) {
 int main(int argc, char** argv) {
   std::string data_dir = "../shared/data/mnist", device_name = "cpu";
   int64_t epochs = 2, batch_size = 64, max_batches = -1, max_test = -1;
-  double lr = 1.0;
+  double lr = -1.0;  // per optimizer: Adadelta 1.0, AdamW 1e-3
+  std::string optimizer = "adadelta";
   uint64_t seed = 1;
+  const CLI::Range positive(int64_t{1}, std::numeric_limits<int64_t>::max());
   CLI::App app{"Train the pytorch/examples MNIST CNN with ember"};
   app.add_option("--data", data_dir, "directory with the MNIST IDX files (raw or .gz)");
-  app.add_option("--epochs", epochs)->check(CLI::PositiveNumber)->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
-  app.add_option("--batch-size", batch_size)->check(CLI::PositiveNumber);
-  app.add_option("--lr", lr)->check(CLI::PositiveNumber);
+  app.add_option("--epochs", epochs)->check(positive)->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+  app.add_option("--batch-size", batch_size)->check(positive);
+  app.add_option("--lr", lr, "learning rate (default: 1.0 for adadelta, 1e-3 for adamw)");
+  app.add_option("--optimizer", optimizer,
+                 "adadelta: pytorch/examples' recipe (Adadelta, StepLR 0.7 per epoch); adamw: AdamW with a per-step "
+                 "cosine decay to 0 over the run")
+      ->check(CLI::IsMember({"adadelta", "adamw"}));
   app.add_option("--device", device_name, "cpu | cuda | cuda:N");
   app.add_option("--max-batches", max_batches, "stop each epoch after N batches (a quick run)");
   app.add_option("--max-test", max_test, "evaluate on the first N test images only");
   app.add_option("--seed", seed);
+  bool generated = false;
+  app.add_flag("--generated", generated, "train on generated digits even when the real data is there");
   CLI11_PARSE(app, argc, argv);
   std::setvbuf(stdout, nullptr, _IOLBF, 0);  // progress lines appear as they happen, also when piped
 
   try {
     const Device device(device_name);
-    const bool real = std::filesystem::exists(data_dir);
-    const data::MnistData train_raw = real ? data::load_mnist(data_dir, true) : data::synthetic_mnist(60000, seed);
-    const data::MnistData test_raw = real ? data::load_mnist(data_dir, false) : data::synthetic_mnist(10000, seed + 1);
-    std::printf("mnist_cnn: %s data (%lld train, %lld test images) on %s\n",
-                real ? "real MNIST" : "generated digit", static_cast<long long>(train_raw.labels.numel()),
-                static_cast<long long>(test_raw.labels.numel()), device.str().c_str());
-    const Split train = prepare(train_raw, device), test = prepare(test_raw, device);
+    const bool real = !generated && std::filesystem::exists(data_dir);
+    EMBER_CHECK(real || generated || app.count("--data") == 0, ValueError, "--data ", data_dir, " does not exist");
+    Split train, test;
+    {  // the raw u8 images are dropped once normalised
+      const data::MnistData train_raw = real ? data::load_mnist(data_dir, true) : data::synthetic_mnist(60000, seed);
+      const data::MnistData test_raw =
+          real ? data::load_mnist(data_dir, false) : data::synthetic_mnist(10000, seed + 1);
+      std::printf("mnist_cnn: %s data (%lld train, %lld test images) on %s\n",
+                  real ? "real MNIST" : "generated digit", static_cast<long long>(train_raw.labels.numel()),
+                  static_cast<long long>(test_raw.labels.numel()), device.str().c_str());
+      train = prepare(train_raw, device);
+      test = prepare(test_raw, device);
+    }
 
     manual_seed(seed);
     auto model = std::make_shared<nn::MnistNet>();
     model->to(device);
-    optim::Adadelta opt(model->parameters(), optim::AdadeltaOptions{.lr = lr});
-    optim::StepLR sched(opt, 1, 0.7);  // pytorch/examples: Adadelta(lr=1.0), StepLR(step_size=1, gamma=0.7)
+    const int64_t n = train.labels.numel();
+    const int64_t batches_per_epoch = max_batches >= 0 ? std::min(max_batches, (n + batch_size - 1) / batch_size)
+                                                       : (n + batch_size - 1) / batch_size;
+    std::unique_ptr<optim::Optimizer> opt;
+    std::unique_ptr<optim::LRScheduler> epoch_sched, step_sched;
+    if (optimizer == "adadelta") {  // pytorch/examples: Adadelta(lr=1.0), StepLR(step_size=1, gamma=0.7)
+      opt = std::make_unique<optim::Adadelta>(model->parameters(), optim::AdadeltaOptions{.lr = lr > 0 ? lr : 1.0});
+      epoch_sched = std::make_unique<optim::StepLR>(*opt, 1, 0.7);
+    } else {  // AdamW, warmup over the first 100 steps, cosine decay to 0 at the last step
+      opt = std::make_unique<optim::AdamW>(model->parameters(),
+                                           optim::AdamWOptions{.lr = lr > 0 ? lr : 1e-3, .weight_decay = 0.0});
+      const int64_t total = epochs * batches_per_epoch;
+      step_sched = std::make_unique<optim::CosineWarmupLR>(*opt, std::min<int64_t>(100, total / 10), total, 0.0);
+    }
     std::printf("model: %lld parameters (%s)\n", static_cast<long long>(model->num_parameters()),
                 memory::format_bytes(model->parameter_bytes()).c_str());
 
     memory::Allocator& alloc = allocator_for(device);
     std::mt19937_64 shuffle_rng(seed);
-    const int64_t n = train.labels.numel();
     std::vector<int64_t> order(static_cast<size_t>(n));
     const auto t_start = std::chrono::steady_clock::now();
     for (int64_t epoch = 1; epoch <= epochs; ++epoch) {
@@ -110,15 +139,16 @@ int main(int argc, char** argv) {
         const auto [x, y] = batch_of(train, idx, device);
         Tensor loss = F::cross_entropy(model->forward(x), y);
         loss.backward();
-        opt.step();
-        opt.zero_grad();
+        opt->step();
+        opt->zero_grad();
+        if (step_sched) step_sched->step();
         loss_sum += loss.item_double();
         ++batches;
         if (batches % 200 == 0)
           std::printf("  epoch %lld  batch %5lld  loss %.4f\n", static_cast<long long>(epoch),
                       static_cast<long long>(batches), loss_sum / static_cast<double>(batches));
       }
-      sched.step();
+      if (epoch_sched) epoch_sched->step();
       const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       const double acc = accuracy(*model, test, max_test);
       std::printf("epoch %lld: train loss %.4f, test accuracy %.2f%%, %.1f s (%.1f ms/batch)\n",
@@ -130,7 +160,7 @@ int main(int argc, char** argv) {
     std::printf("total %.1f s; %s allocator: peak allocated %s, peak reserved %s\n", total, device.str().c_str(),
                 memory::format_bytes(s.peak_allocated_bytes).c_str(),
                 memory::format_bytes(s.peak_reserved_bytes).c_str());
-  } catch (const Error& e) {
+  } catch (const std::exception& e) {  // ember::Error and its typed subclasses, or a standard-library failure
     std::fprintf(stderr, "mnist_cnn: %s\n", e.what());
     return 1;
   }

@@ -1,6 +1,7 @@
 // `ember bench train`: times AdamW training steps of a standard config (ember/train/bench_train.h) and prints a
 // human-readable line, or one JSON line with --json.
 #include <cstdio>
+#include <limits>
 #include <memory>
 #include <string>
 
@@ -51,8 +52,8 @@ void add_bench_command(CLI::App& app) {
   auto args = std::make_shared<BenchTrainArgs>();
   CLI::App* train = bench->add_subcommand("train", "time AdamW training steps of a standard config");
   train->add_option("--model", args->model, "mlp | cnn | gpt")->check(CLI::IsMember({"mlp", "cnn", "gpt"}));
-  train->add_option("--steps", args->steps, "timed steps")->check(CLI::PositiveNumber);
-  train->add_option("--warmup", args->warmup, "untimed steps first")->check(CLI::NonNegativeNumber);
+  train->add_option("--steps", args->steps, "timed steps")->check(CLI::Range(int64_t{1}, std::numeric_limits<int64_t>::max()));
+  train->add_option("--warmup", args->warmup, "untimed steps first")->check(CLI::Range(int64_t{0}, std::numeric_limits<int64_t>::max()));
   train->add_option("--device", args->device, "cpu | cuda | cuda:N");
   train->add_option("--seed", args->seed, "seed of the model and the batch");
   train->add_flag("--json", args->json, "print one JSON line");

@@ -1,4 +1,5 @@
 // The subcommands of the `ember` program, each adding itself to the CLI11 app.
+// Invariant: a subcommand reports failures by throwing ember::Error; main() turns that into exit status 1.
 #pragma once
 
 #include <CLI/CLI.hpp>

@@ -148,8 +148,22 @@ Tensor read_idx_u8(const std::string& path, uint32_t magic, const char* kind) {
   }
   EMBER_CHECK(bytes <= (__int128{1} << 40), FormatError, "'", path, "': dims ", shape_str(dims),
               " announce an implausible ", static_cast<int64_t>(bytes), " bytes");
-  Tensor t = empty(dims, {DType::u8, Device::cpu()});
   const uint64_t payload = static_cast<uint64_t>(bytes);
+  // A raw file must be exactly header + payload long: checked before the payload is allocated, so a forged header
+  // cannot make the reader allocate gigabytes for a few bytes of file. (A gzip stream's length is known only by
+  // reading it; there the 1 TiB bound above and the allocator's typed OutOfMemoryError apply.)
+  if (!ends_with(path, ".gz")) {
+    struct stat st{};
+    if (::stat(path.c_str(), &st) == 0) {
+      const uint64_t expected = 4 + dims_bytes + payload;
+      const uint64_t size = static_cast<uint64_t>(st.st_size);
+      EMBER_CHECK(size >= expected, FormatError, "'", path, "': truncated: the header announces ", shape_str(dims),
+                  " (", expected, " bytes with the header) but the file has ", size, " bytes");
+      EMBER_CHECK(size == expected, FormatError, "'", path, "': ", size - expected, " trailing bytes after the ",
+                  payload, " bytes of data the header announces (", shape_str(dims), ")");
+    }
+  }
+  Tensor t = empty(dims, {DType::u8, Device::cpu()});
   if (payload > 0) {
     const uint64_t have = in.read(t.raw_data(), payload);
     EMBER_CHECK(have == payload, FormatError, "'", path, "': truncated: the header announces ", shape_str(dims),

@@ -152,6 +152,12 @@ std::vector<int64_t> CharDataset::draw_offsets(Split split, int64_t batch_size, 
                                                Generator& gen) const {
   EMBER_CHECK(batch_size > 0 && block_size > 0, ValueError, "CharDataset::get_batch: batch_size (", batch_size,
               ") and block_size (", block_size, ") must be positive");
+  // x and y together hold 2 * batch_size * block_size ids: refuse sizes whose byte count overflows before any
+  // host vector is sized from them (a huge batch then fails as a typed OutOfMemoryError from the allocator).
+  int64_t ids = 0, bytes = 0;
+  EMBER_CHECK(!__builtin_mul_overflow(batch_size, block_size, &ids) && !__builtin_mul_overflow(ids, int64_t{16}, &bytes),
+              ValueError, "CharDataset::get_batch: batch_size ", batch_size, " x block_size ", block_size,
+              " is too large");
   const int64_t len = split_length(split);
   EMBER_CHECK(len > block_size, ValueError, "CharDataset::get_batch: the ", split == Split::train ? "train" : "val",
               " split holds ", len, " characters, not more than block_size ", block_size);
@@ -170,11 +176,11 @@ std::vector<int64_t> CharDataset::draw_offsets(Split split, int64_t batch_size, 
 
 std::pair<Tensor, Tensor> CharDataset::get_batch(Split split, int64_t batch_size, int64_t block_size, Generator& gen,
                                                  Device device) const {
+  Tensor x = empty({batch_size, block_size}, {DType::i64, Device::cpu()});  // first: a huge batch is a typed OOM
+  Tensor y = empty({batch_size, block_size}, {DType::i64, Device::cpu()});
   const std::vector<int64_t> offsets = draw_offsets(split, batch_size, block_size, gen);
   const Tensor& src = split_data(split);  // a contiguous view
   const int64_t* d = src.data<int64_t>();
-  Tensor x = empty({batch_size, block_size}, {DType::i64, Device::cpu()});
-  Tensor y = empty({batch_size, block_size}, {DType::i64, Device::cpu()});
   int64_t* px = x.data<int64_t>();
   int64_t* py = y.data<int64_t>();
   for (int64_t b = 0; b < batch_size; ++b) {

@@ -80,38 +80,40 @@ void check_targets(const char* op, const Tensor& target, int64_t classes, int64_
 }
 
 // The shared core of nll_loss and cross_entropy on log-probabilities [M, C].
+// Note [Target selection]
+// Each row's -log p[target] is gathered with embedding() over logp viewed as an [M*C, 1] table at index
+// row*C + target: no [M, C] one-hot mask or negated copy is built (the backward scatters into one [M*C] gradient,
+// the size logp's gradient has anyway), and a -inf log-probability of an unselected class (a masked logit) is never
+// touched. Ignored rows gather class 0 and are zeroed with where. Sums and the mean's denominator are accumulated in
+// f32 for f16/bf16 inputs (a count above 65504 overflows f16), and the result is cast back.
 Tensor nll_rows(const char* op, const ClassRows& r, const Tensor& logp, int64_t ignore_index, double label_smoothing,
                 Reduction reduction) {
   check_targets(op, r.target, r.classes, ignore_index);
   const Device dev = logp.device();
+  const DType out_dtype = logp.dtype();
+  const DType acc = (out_dtype == DType::f16 || out_dtype == DType::bf16) ? DType::f32 : out_dtype;
+  const int64_t rows = r.target.numel();
   const Tensor valid = ne(r.target, scalar_tensor(ignore_index, {DType::i64, dev}));  // [M] bool
-  // Ignored rows select no class: with ignore_index outside [0, C) they already match none; inside, they are
-  // redirected to -1 first.
-  Tensor selected_target = r.target;
-  if (ignore_index >= 0 && ignore_index < r.classes)
-    selected_target = where(valid, r.target, scalar_tensor(int64_t{-1}, {DType::i64, dev}));
-  const Tensor classes = arange(r.classes, TensorOptions(DType::i64, dev));
-  const Tensor one_hot = eq(selected_target.unsqueeze(1), classes.unsqueeze(0));  // [M, C] bool
-  // where, not a multiplication by the cast mask: a -inf log-probability of an unselected class (a masked logit)
-  // must not turn into 0 * inf = NaN.
-  const Tensor zero = scalar_tensor(0.0, {logp.dtype(), dev});
-  const Tensor neg_logp = neg(logp);
-  const Tensor per_row = sum(where(one_hot, neg_logp, zero), {1});  // [M]; ignored rows 0
+  const Tensor safe_target = where(valid, r.target, scalar_tensor(int64_t{0}, {DType::i64, dev}));
+  const Tensor index = add(mul(arange(rows, TensorOptions(DType::i64, dev)), Scalar(r.classes)), safe_target);
+  const Tensor picked = ember::embedding(logp.reshape({rows * r.classes, 1}), index).reshape({rows});  // log p[target]
+  const Tensor zero = scalar_tensor(0.0, {acc, dev});
+  const Tensor per_row = where(valid, neg(cast(picked, acc)), zero);  // [M]; ignored rows 0
 
   auto reduce_rows = [&](const Tensor& per) -> Tensor {
     switch (reduction) {
       case Reduction::None: return per.reshape(r.out_shape);
       case Reduction::Sum: return sum(per);
-      case Reduction::Mean: return div(sum(per), sum(cast(valid, logp.dtype())));  // mean over non-ignored rows
+      case Reduction::Mean: return div(sum(per), sum(cast(valid, acc)));  // mean over non-ignored rows
     }
     return per;
   };
   Tensor loss = reduce_rows(per_row);
   if (label_smoothing > 0.0) {
-    const Tensor smooth = where(valid, sum(neg_logp, {1}), zero);  // [M]: sum over classes of -log p
+    const Tensor smooth = where(valid, neg(sum(cast(logp, acc), {1})), zero);  // [M]: sum over classes of -log p
     loss = add(mul(loss, 1.0 - label_smoothing), mul(reduce_rows(smooth), label_smoothing / double(r.classes)));
   }
-  return loss;
+  return cast(loss, out_dtype);
 }
 
 }  // namespace

@@ -1,4 +1,4 @@
-// Reference models (models.h).
+// Reference models (models.h). Invariant: layer names and order are the PyTorch originals', so state_dict keys match.
 #include "ember/nn/models.h"
 
 namespace ember::nn {

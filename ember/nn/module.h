@@ -97,7 +97,8 @@ class Module : public std::enable_shared_from_this<Module> {
 };
 
 // Replaces the contents of `dst`'s TensorImpl with `src`'s geometry and storage, keeping dst's identity and its
-// requires_grad flag (libtorch's set_data); .grad is cleared. Used by Module::to and optimizers' state moves.
+// requires_grad flag (libtorch's set_data); .grad is cleared. Used by Module::to. An optimizer built before to()
+// keeps its state where it was (as in PyTorch): build it after moving the model.
 void set_data(const Tensor& dst, const Tensor& src);
 
 }  // namespace ember::nn

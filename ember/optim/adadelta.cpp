@@ -1,4 +1,5 @@
 // Adadelta: option validation and the per-parameter step (adadelta.h), computed in the state dtype.
+// Invariant: the state tensors are written in place (copy_), so state_dict() entries keep aliasing the live state.
 #include "ember/optim/adadelta.h"
 
 #include "ember/core/grad_mode.h"

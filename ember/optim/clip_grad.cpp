@@ -24,29 +24,30 @@ std::vector<Tensor> defined_grads(const std::vector<Tensor>& params) {
 
 }  // namespace
 
+// The per-gradient partial results stay on the device (0-d tensors in f32, or f64 for f64 grads) and are combined
+// there; the total is read back once, so a step costs one device synchronisation, not one per parameter.
 double grad_norm(const std::vector<Tensor>& params, double norm_type) {
   EMBER_CHECK(norm_type > 0.0, ValueError, "clip_grad_norm_: norm_type must be > 0 or inf, got ", norm_type);
   NoGradGuard no_grad;
   const bool inf = std::isinf(norm_type);
-  double acc = 0.0;
+  Tensor acc;
   for (const Tensor& g : defined_grads(params)) {
     // f16/bf16 grads are widened to f32 first: their squares and sums would lose precision (or overflow) in 16 bits.
     const Tensor a = ops::abs(g.dtype() == DType::f64 ? g : g.to(DType::f32));
-    if (inf) {
-      const double m = ops::amax(a).item_double();
-      acc = (std::isnan(m) || m > acc) ? m : acc;
-      if (std::isnan(acc)) break;
-    } else if (norm_type == 2.0) {
-      acc += ops::sum(ops::mul(a, a)).item_double();
-    } else if (norm_type == 1.0) {
-      acc += ops::sum(a).item_double();
-    } else {
-      acc += ops::sum(ops::pow(a, norm_type)).item_double();
-    }
+    Tensor part;
+    if (inf) part = ops::amax(a);
+    else if (norm_type == 2.0) part = ops::sum(ops::mul(a, a));
+    else if (norm_type == 1.0) part = ops::sum(a);
+    else part = ops::sum(ops::pow(a, norm_type));
+    if (acc.defined() && acc.device() != part.device()) acc = acc.to(part.device());  // grads on several devices
+    // maximum() propagates NaN, so a NaN gradient makes the inf-norm NaN as in PyTorch.
+    acc = !acc.defined() ? part : inf ? ops::maximum(acc, part) : ops::add(acc, part);
   }
-  if (inf || norm_type == 1.0) return acc;
-  if (norm_type == 2.0) return std::sqrt(acc);
-  return std::pow(acc, 1.0 / norm_type);
+  if (!acc.defined()) return 0.0;
+  const double total = acc.item_double();
+  if (inf || norm_type == 1.0) return total;
+  if (norm_type == 2.0) return std::sqrt(total);
+  return std::pow(total, 1.0 / norm_type);
 }
 
 double clip_grad_norm_(const std::vector<Tensor>& params, double max_norm, double norm_type,

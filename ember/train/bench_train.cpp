@@ -1,10 +1,12 @@
 // Standard training configurations and the step timer (bench_train.h).
+// Invariant: the timed region of a step ends with a device synchronisation, so GPU steps are timed whole.
 #include "ember/train/bench_train.h"
 
 #include <sys/resource.h>
 
 #include <algorithm>
 #include <chrono>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <vector>
 
@@ -69,7 +71,9 @@ double peak_rss_mib() {
 }  // namespace
 
 BenchTrainResult bench_train(const BenchTrainOptions& o) {
-  EMBER_CHECK(o.steps > 0 && o.warmup >= 0, ValueError, "bench train: steps must be > 0 and warmup >= 0");
+  EMBER_CHECK(o.steps > 0 && o.warmup >= 0 && o.steps <= std::numeric_limits<int64_t>::max() - o.warmup, ValueError,
+              "bench train: steps must be > 0, warmup >= 0 and their sum representable (got steps ", o.steps,
+              ", warmup ", o.warmup, ")");
   StandardTask task = make_standard_task(o.model, o.device, o.seed);
   optim::AdamW opt(task.model->parameters(), optim::AdamWOptions{.lr = 1e-3});
   memory::Allocator& alloc = allocator_for(o.device);

@@ -285,5 +285,16 @@ TEST(Mnist, SyntheticDigitsAreDeterministicAndLearnable) {
   EXPECT_GT(right, 700);
 }
 
+TEST(Mnist, ForgedHeaderIsRejectedBeforeAllocating) {
+  // An 8-byte label file whose header claims 2^32 - 1 labels: refused from the file size, without allocating 4 GiB.
+  TempDir dir;
+  const std::string forged("\x00\x00\x08\x01\xff\xff\xff\xff", 8);
+  write_bytes(dir.path / "forged", forged);
+  memory::cpu_allocator().reset_peak_stats();
+  const int64_t before = memory::cpu_allocator().stats().allocated_bytes;
+  expect_format_error([&] { (void)data::read_idx_labels((dir.path / "forged").string()); }, "forged", "truncated");
+  EXPECT_LT(memory::cpu_allocator().stats().peak_allocated_bytes - before, int64_t{1} << 20);
+}
+
 }  // namespace
 }  // namespace ember::testing

@@ -353,5 +353,23 @@ TEST_P(FunctionalTest, AttentionDropout) {
 
 EMBER_INSTANTIATE_DEVICE_TESTS(FunctionalTest);
 
+TEST(CrossEntropy, HalfInputsAccumulateInF32) {
+  // 70000 rows of two equal logits: each row's loss is log 2. Summing 70000 rows (or counting them) in f16 would
+  // overflow its 65504 maximum.
+  for (DType dt : {DType::f16, DType::bf16}) {
+    const Tensor loss = F::cross_entropy(zeros({70000, 2}, dt), zeros({70000}, DType::i64));
+    EXPECT_EQ(loss.dtype(), dt);
+    EXPECT_NEAR(loss.item_double(), std::log(2.0), 5e-3) << dtype_name(dt);
+  }
+}
+
+TEST(CrossEntropy, MaskedLogitsOfOtherClassesStayFinite) {
+  // A -inf logit of a class that is not the target must not turn the loss into NaN.
+  const Tensor logits = from_vector(std::vector<double>{0.0, -INFINITY, 1.0}, {1, 3});
+  const Tensor target = from_vector(std::vector<int64_t>{2}, {1});
+  const double expected = -(1.0 - std::log(1.0 + std::exp(1.0)));  // -log softmax = logsumexp - x_t
+  EXPECT_NEAR(F::cross_entropy(logits, target).item_double(), expected, 1e-12);
+}
+
 }  // namespace
 }  // namespace ember::testing
