@@ -62,6 +62,9 @@ int main(int argc, char** argv) {
   app.add_option("--batch-size", batch)->check(positive);
   app.add_option("--device", device_name, "cpu | cuda | cuda:N");
   app.add_option("--seed", seed);
+  int64_t sample = 300;
+  app.add_option("--sample", sample, "characters to generate at the end (0: none)")
+      ->check(CLI::Range(int64_t{0}, int64_t{100000}));
   bool generated = false;
   app.add_flag("--generated", generated, "train on a generated text even when the real data is there");
   CLI11_PARSE(app, argc, argv);
@@ -118,8 +121,10 @@ int main(int argc, char** argv) {
                 val_loss, static_cast<long long>(iters), secs, 1000.0 * secs / static_cast<double>(iters),
                 device.str().c_str(), memory::format_bytes(s.peak_allocated_bytes).c_str(),
                 memory::format_bytes(s.peak_reserved_bytes).c_str());
-    const Tensor start = zeros({1, 1}, TensorOptions(DType::i64, device));
-    std::printf("--- sample ---\n%s\n", ds.decode(model->generate(start, 300, 1.0, 200, seed)).c_str());
+    if (sample > 0) {
+      const Tensor start = zeros({1, 1}, TensorOptions(DType::i64, device));
+      std::printf("--- sample ---\n%s\n", ds.decode(model->generate(start, sample, 1.0, 200, seed)).c_str());
+    }
   } catch (const std::exception& e) {  // ember::Error and its typed subclasses, or a standard-library failure
     std::fprintf(stderr, "char_gpt: %s\n", e.what());
     return 1;

@@ -94,9 +94,13 @@ int main(int argc, char** argv) {
     EMBER_CHECK(real || generated || app.count("--data") == 0, ValueError, "--data ", data_dir, " does not exist");
     Split train, test;
     {  // the raw u8 images are dropped once normalised
-      const data::MnistData train_raw = real ? data::load_mnist(data_dir, true) : data::synthetic_mnist(60000, seed);
+      // Generated sets are as large as MNIST's, or as the run will use (--max-batches, --max-test).
+      const int64_t gen_train = max_batches >= 0 ? std::min<int64_t>(60000, max_batches * batch_size) : 60000;
+      const int64_t gen_test = max_test >= 0 ? std::min<int64_t>(10000, max_test) : 10000;
+      const data::MnistData train_raw =
+          real ? data::load_mnist(data_dir, true) : data::synthetic_mnist(std::max<int64_t>(gen_train, 1), seed);
       const data::MnistData test_raw =
-          real ? data::load_mnist(data_dir, false) : data::synthetic_mnist(10000, seed + 1);
+          real ? data::load_mnist(data_dir, false) : data::synthetic_mnist(std::max<int64_t>(gen_test, 1), seed + 1);
       std::printf("mnist_cnn: %s data (%lld train, %lld test images) on %s\n",
                   real ? "real MNIST" : "generated digit", static_cast<long long>(train_raw.labels.numel()),
                   static_cast<long long>(test_raw.labels.numel()), device.str().c_str());
