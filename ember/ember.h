@@ -10,6 +10,7 @@
 #include "ember/core/grad_mode.h"
 #include "ember/core/tensor.h"
 #include "ember/autograd/anomaly.h"
+#include "ember/autograd/autocast.h"
 #include "ember/autograd/engine.h"
 #include "ember/autograd/functions.h"
 #include "ember/autograd/hooks.h"

@@ -5,6 +5,7 @@
 #include <limits>
 
 #include "ember/autograd/function_node.h"
+#include "ember/autograd/autocast.h"
 #include "ember/autograd/functions.h"
 
 namespace ember {
@@ -87,6 +88,10 @@ Tensor div(const Tensor& a, const Tensor& b) {
 }
 
 Tensor pow(const Tensor& a, const Tensor& b) {
+  if (autocast::should_cast({&a, &b})) {
+    autocast::BodyGuard body;
+    return pow(autocast::fp32(a), autocast::fp32(b));
+  }
   Tensor out = forward_op("pow", {&a, &b}, [&] { return ops::pow(a, b); });
   if (auto node = make_node("pow", {&a, &b})) {
     node->save(a);
@@ -114,6 +119,10 @@ Tensor pow(const Tensor& a, const Tensor& b) {
 }
 
 Tensor pow(const Tensor& a, double exponent) {
+  if (autocast::should_cast({&a})) {
+    autocast::BodyGuard body;
+    return pow(autocast::fp32(a), exponent);
+  }
   Tensor out = forward_op("pow", {&a}, [&] { return ops::pow(a, exponent); });
   return unary("pow", UnaryOp::PowScalar, UnaryParams{exponent, 0.0}, a, std::move(out));
 }
@@ -193,16 +202,27 @@ Tensor neg(const Tensor& x) {
     Tensor out = forward_op(#fn, {&x}, [&] { return ops::fn(x); });           \
     return unary(#fn, UnaryOp::OP, UnaryParams{}, x, std::move(out));         \
   }
-EMBER_UNARY_FN(exp, Exp)
-EMBER_UNARY_FN(log, Log)
+// The ops autocast runs in fp32 (Note [Autocast policy]): the cast, then the op itself.
+#define EMBER_UNARY_FP32_FN(fn, OP)                                           \
+  Tensor fn(const Tensor& x) {                                                \
+    if (autocast::should_cast({&x})) {                                        \
+      autocast::BodyGuard body;                                               \
+      return fn(autocast::fp32(x));                                           \
+    }                                                                         \
+    Tensor out = forward_op(#fn, {&x}, [&] { return ops::fn(x); });           \
+    return unary(#fn, UnaryOp::OP, UnaryParams{}, x, std::move(out));         \
+  }
+EMBER_UNARY_FP32_FN(exp, Exp)
+EMBER_UNARY_FP32_FN(log, Log)
 EMBER_UNARY_FN(sqrt, Sqrt)
-EMBER_UNARY_FN(rsqrt, Rsqrt)
+EMBER_UNARY_FP32_FN(rsqrt, Rsqrt)
 EMBER_UNARY_FN(tanh, Tanh)
 EMBER_UNARY_FN(sigmoid, Sigmoid)
 EMBER_UNARY_FN(relu, Relu)
 EMBER_UNARY_FN(silu, Silu)
 EMBER_UNARY_FN(abs, Abs)
 #undef EMBER_UNARY_FN
+#undef EMBER_UNARY_FP32_FN
 
 Tensor gelu(const Tensor& x, GeluApprox approx) {
   Tensor out = forward_op("gelu", {&x}, [&] { return ops::gelu(x, approx); });

@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "ember/autograd/function_node.h"
+#include "ember/autograd/autocast.h"
 #include "ember/autograd/functions.h"
 
 namespace ember {
@@ -44,8 +45,20 @@ Tensor softmax_impl(const char* name, const Tensor& x, int64_t dim, bool log) {
 
 }  // namespace
 
-Tensor softmax(const Tensor& x, int64_t dim) { return softmax_impl("softmax", x, dim, false); }
-Tensor log_softmax(const Tensor& x, int64_t dim) { return softmax_impl("log_softmax", x, dim, true); }
+Tensor softmax(const Tensor& x, int64_t dim) {
+  if (autocast::should_cast({&x})) {
+    autocast::BodyGuard body;
+    return softmax(autocast::fp32(x), dim);
+  }
+  return softmax_impl("softmax", x, dim, false);
+}
+Tensor log_softmax(const Tensor& x, int64_t dim) {
+  if (autocast::should_cast({&x})) {
+    autocast::BodyGuard body;
+    return log_softmax(autocast::fp32(x), dim);
+  }
+  return softmax_impl("log_softmax", x, dim, true);
+}
 
 // ---- layer norm --------------------------------------------------------------------------------------------------
 
@@ -58,6 +71,10 @@ Tensor log_softmax(const Tensor& x, int64_t dim) { return softmax_impl("log_soft
 // that appends n ones.
 LayerNormResult layer_norm_with_stats(const Tensor& x, const Shape& normalized_shape, const Tensor& weight,
                                       const Tensor& bias, double eps) {
+  if (autocast::should_cast({&x, &weight, &bias})) {
+    autocast::BodyGuard body;
+    return layer_norm_with_stats(autocast::fp32(x), normalized_shape, autocast::fp32(weight), autocast::fp32(bias), eps);
+  }
   LayerNormResult r = forward_op("layer_norm", {&x, &weight, &bias}, [&] {
     return ops::layer_norm_with_stats(x, normalized_shape, weight, bias, eps);
   });
@@ -125,6 +142,10 @@ Tensor embedding(const Tensor& weight, const Tensor& indices) {
 // ---- convolution ---------------------------------------------------------------------------------------------------
 
 Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, const Conv2dParams& p) {
+  if (autocast::should_cast({&x, &weight})) {
+    autocast::BodyGuard body;
+    return conv2d(autocast::lower(x), autocast::lower(weight), autocast::lower(bias), p);
+  }
   Tensor out = forward_op("conv2d", {&x, &weight, &bias}, [&] { return ops::conv2d(x, weight, bias, p); });
   if (auto node = make_node("conv2d", {&x, &weight, &bias})) {
     node->save(node->needs_grad(1) ? x : Tensor());       // 0: read by grad_w only

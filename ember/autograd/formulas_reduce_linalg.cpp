@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "ember/autograd/function_node.h"
+#include "ember/autograd/autocast.h"
 #include "ember/autograd/functions.h"
 
 namespace ember {
@@ -78,6 +79,10 @@ Tensor extremum_reduce(const char* name, const Tensor& x, const std::vector<int6
 }  // namespace
 
 Tensor sum(const Tensor& x, const std::vector<int64_t>& dims_in, bool keepdim) {
+  if (autocast::should_cast({&x})) {
+    autocast::BodyGuard body;
+    return sum(autocast::fp32(x), dims_in, keepdim);
+  }
   Tensor out = forward_op("sum", {&x}, [&] { return ops::sum(x, dims_in, keepdim); });
   if (auto node = make_node("sum", {&x})) {
     node->formula = [dims = reduced_dims(x, dims_in, "sum"), keepdim](const BackwardContext& c,
@@ -90,6 +95,10 @@ Tensor sum(const Tensor& x, const std::vector<int64_t>& dims_in, bool keepdim) {
 }
 
 Tensor mean(const Tensor& x, const std::vector<int64_t>& dims_in, bool keepdim) {
+  if (autocast::should_cast({&x})) {
+    autocast::BodyGuard body;
+    return mean(autocast::fp32(x), dims_in, keepdim);
+  }
   Tensor out = forward_op("mean", {&x}, [&] { return ops::mean(x, dims_in, keepdim); });
   if (auto node = make_node("mean", {&x})) {
     node->formula = [dims = reduced_dims(x, dims_in, "mean"), keepdim](const BackwardContext& c,
@@ -111,6 +120,10 @@ Tensor amin(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim) {
 }
 
 Tensor var(const Tensor& x, const std::vector<int64_t>& dims_in, int64_t correction, bool keepdim) {
+  if (autocast::should_cast({&x})) {
+    autocast::BodyGuard body;
+    return var(autocast::fp32(x), dims_in, correction, keepdim);
+  }
   Tensor out = forward_op("var", {&x}, [&] { return ops::var(x, dims_in, correction, keepdim); });
   if (auto node = make_node("var", {&x})) {
     node->save(x);
@@ -133,6 +146,10 @@ Tensor var(const Tensor& x, const std::vector<int64_t>& dims_in, int64_t correct
 // broadcast shape and the engine sums them to each operand's shape. When b has at most 2 dims, gb folds a's leading
 // dims into one GEMM ([P, K]^T @ [P, N]) instead of a batched product summed afterwards.
 Tensor matmul(const Tensor& a, const Tensor& b) {
+  if (autocast::should_cast({&a, &b})) {
+    autocast::BodyGuard body;
+    return matmul(autocast::lower(a), autocast::lower(b));
+  }
   Tensor out = forward_op("matmul", {&a, &b}, [&] { return ops::matmul(a, b); });
   if (auto node = make_node("matmul", {&a, &b})) {
     node->save(node->needs_grad(1) ? a : Tensor());
@@ -168,6 +185,10 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
 }
 
 Tensor bmm(const Tensor& a, const Tensor& b) {
+  if (autocast::should_cast({&a, &b})) {
+    autocast::BodyGuard body;
+    return bmm(autocast::lower(a), autocast::lower(b));
+  }
   Tensor out = forward_op("bmm", {&a, &b}, [&] { return ops::bmm(a, b); });
   if (auto node = make_node("bmm", {&a, &b})) {
     node->save(node->needs_grad(1) ? a : Tensor());
@@ -182,6 +203,10 @@ Tensor bmm(const Tensor& a, const Tensor& b) {
 }
 
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
+  if (autocast::should_cast({&x, &weight})) {
+    autocast::BodyGuard body;
+    return linear(autocast::lower(x), autocast::lower(weight), autocast::lower(bias));
+  }
   Tensor out = forward_op("linear", {&x, &weight, &bias}, [&] { return ops::linear(x, weight, bias); });
   if (auto node = make_node("linear", {&x, &weight, &bias})) {
     node->save(node->needs_grad(1) ? x : Tensor());

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "ember/base/error.h"
+#include "ember/autograd/autocast.h"
 #include "ember/core/grad_mode.h"
 
 namespace ember::nn::functional {
@@ -124,16 +125,28 @@ Tensor cross_entropy(const Tensor& input, const Tensor& target, int64_t ignore_i
                      Reduction reduction) {
   EMBER_CHECK(label_smoothing >= 0.0 && label_smoothing <= 1.0, ValueError,
               "cross_entropy: label_smoothing must be between 0.0 and 1.0, got ", label_smoothing);
+  if (autocast::should_cast({&input})) {
+    autocast::BodyGuard body;
+    return cross_entropy(autocast::fp32(input), target, ignore_index, label_smoothing, reduction);
+  }
   const ClassRows r = to_class_rows("cross_entropy", input, target);
   return nll_rows("cross_entropy", r, ember::log_softmax(r.rows, 1), ignore_index, label_smoothing, reduction);
 }
 
 Tensor nll_loss(const Tensor& input, const Tensor& target, int64_t ignore_index, Reduction reduction) {
+  if (autocast::should_cast({&input})) {
+    autocast::BodyGuard body;
+    return nll_loss(autocast::fp32(input), target, ignore_index, reduction);
+  }
   const ClassRows r = to_class_rows("nll_loss", input, target);
   return nll_rows("nll_loss", r, r.rows, ignore_index, 0.0, reduction);
 }
 
 Tensor mse_loss(const Tensor& input, const Tensor& target, Reduction reduction) {
+  if (autocast::should_cast({&input, &target})) {
+    autocast::BodyGuard body;
+    return mse_loss(autocast::fp32(input), autocast::fp32(target), reduction);
+  }
   check_floating("mse_loss", input);
   check_floating("mse_loss", target);
   const Tensor d = sub(input, target);
@@ -221,6 +234,10 @@ Tensor scaled_dot_product_attention(const Tensor& query, const Tensor& key, cons
                                     const Tensor& attn_mask, double dropout_p, bool is_causal,
                                     std::optional<double> scale) {
   const char* op = "scaled_dot_product_attention";
+  if (autocast::should_cast({&query, &key, &value})) {
+    autocast::BodyGuard body;
+    return scaled_dot_product_attention(autocast::lower(query), autocast::lower(key), autocast::lower(value), autocast::lower(attn_mask), dropout_p, is_causal, scale);
+  }
   EMBER_CHECK(query.defined() && key.defined() && value.defined(), ValueError, op, ": q, k, v must be defined");
   EMBER_CHECK(query.dim() >= 2 && key.dim() >= 2 && value.dim() >= 2, ShapeError, op,
               ": q, k, v need at least 2 dims, got ", shape_str(query.sizes()), ", ", shape_str(key.sizes()), ", ",
