@@ -134,5 +134,23 @@ void adam_step_(const Tensor& param, const Tensor& grad, const Tensor& exp_avg, 
 // The dtype optimizer state takes for a parameter of dtype `param_dtype`: f64 for f64, else f32.
 DType optimizer_state_dtype(DType param_dtype);
 
+// ---- mixed precision (kernels/stubs.h: AmpUnscaleFn, AmpUpdateScaleFn) ----------------------------------------------
+// PyTorch's _amp_foreach_non_finite_check_and_unscale_, with an optional destination: for each i, out[i] = grads[i]
+// * inv_scale computed in f32 (f64 for f64 grads) and rounded to out[i]'s dtype, and found_inf is set to 1 when any
+// element of any result is NaN or inf (it is never reset to 0 here: callers zero it once per step). `outs` empty
+// means in place (out[i] = grads[i]); otherwise outs[i] has grads[i]'s shape, is contiguous, is floating (f32 for
+// the master gradients of f16/bf16 weights) and does not overlap grads[i]. found_inf and inv_scale are 1-element
+// f32 tensors on the grads' device. Every tensor written has its version counter bumped. DeviceError when the
+// tensors are on different devices, DTypeError for non-floating grads, ShapeError for mismatched shapes.
+void amp_unscale_(const std::vector<Tensor>& grads, const Tensor& found_inf, const Tensor& inv_scale,
+                  const std::vector<Tensor>& outs = {});
+// PyTorch's _amp_update_scale_ (GradScaler's dynamic loss scale, on the scale's device without a host sync):
+//   found_inf > 0:  scale *= backoff_factor, growth_tracker = 0
+//   otherwise:      growth_tracker += 1; when it reaches growth_interval: scale *= growth_factor (kept if the
+//                   product is not finite), growth_tracker = 0.
+// scale: 1-element f32; growth_tracker: 1-element i32; found_inf: 1-element f32; all on one device.
+void amp_update_scale_(const Tensor& scale, const Tensor& growth_tracker, const Tensor& found_inf,
+                       double growth_factor, double backoff_factor, int64_t growth_interval);
+
 }  // namespace ops
 }  // namespace ember

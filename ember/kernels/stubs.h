@@ -67,6 +67,7 @@ using SoftmaxFn = void (*)(const Tensor& in, const Tensor& out, int64_t dim, boo
 EMBER_DECLARE_STUB(softmax, SoftmaxFn);
 // Layer norm over the trailing dims of x viewed as [rows, cols]: out = (x - mean) * rstd * weight + bias.
 // weight/bias: [cols] or undefined. mean/rstd: [rows] f32 (f64 when x is f64), saved for the backward pass.
+// weight, bias and out share a dtype: x's, or f32 for an f16/bf16 x (Note [Mixed layer norm] in ops_norm.cpp).
 using LayerNormFn = void (*)(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps, const Tensor& out,
                              const Tensor& mean, const Tensor& rstd);
 EMBER_DECLARE_STUB(layer_norm, LayerNormFn);
@@ -165,5 +166,15 @@ using AdamStepFn = void (*)(const Tensor& param, const Tensor& grad, const Tenso
                             const AdamParams& p);
 EMBER_DECLARE_STUB(sgd_step, SgdStepFn);
 EMBER_DECLARE_STUB(adam_step, AdamStepFn);
+
+// ---- mixed precision ---------------------------------------------------------------------------------------------
+// outs[i] = grads[i] * inv_scale (outs[i] may be grads[i]); found_inf = 1 when a result is not finite. Every tensor
+// contiguous, on one device; outs[i] has grads[i]'s numel; found_inf/inv_scale are 1-element f32.
+using AmpUnscaleFn = void (*)(const std::vector<Tensor>& grads, const std::vector<Tensor>& outs,
+                              const Tensor& found_inf, const Tensor& inv_scale);
+using AmpUpdateScaleFn = void (*)(const Tensor& scale, const Tensor& growth_tracker, const Tensor& found_inf,
+                                  double growth_factor, double backoff_factor, int64_t growth_interval);
+EMBER_DECLARE_STUB(amp_unscale, AmpUnscaleFn);
+EMBER_DECLARE_STUB(amp_update_scale, AmpUpdateScaleFn);
 
 }  // namespace ember
