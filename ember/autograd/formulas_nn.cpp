@@ -73,7 +73,11 @@ LayerNormResult layer_norm_with_stats(const Tensor& x, const Shape& normalized_s
                                       const Tensor& bias, double eps) {
   if (autocast::should_cast({&x, &weight, &bias})) {
     autocast::BodyGuard body;
-    return layer_norm_with_stats(autocast::fp32(x), normalized_shape, autocast::fp32(weight), autocast::fp32(bias), eps);
+    // With an affine parameter, the mixed form keeps x in f16/bf16 and returns f32 (Note [Mixed layer norm] in
+    // kernels/ops_norm.cpp): fp32 arithmetic and result, without an f32 copy of x saved for backward.
+    const bool mixed = (x.dtype() == DType::f16 || x.dtype() == DType::bf16) && (weight.defined() || bias.defined());
+    return layer_norm_with_stats(mixed ? x : autocast::fp32(x), normalized_shape, autocast::fp32(weight),
+                                 autocast::fp32(bias), eps);
   }
   LayerNormResult r = forward_op("layer_norm", {&x, &weight, &bias}, [&] {
     return ops::layer_norm_with_stats(x, normalized_shape, weight, bias, eps);

@@ -1,6 +1,7 @@
 // Softmax, log-softmax and layer-norm front ends.
 // Invariant: layer norm reaches the kernel as x [rows, cols] (cols = the normalised trailing dims), weight/bias
-// [cols] or undefined, and fresh contiguous out [rows, cols] and mean/rstd [rows] (f32, or f64 for f64 input).
+// [cols] or undefined, and fresh contiguous out [rows, cols] and mean/rstd [rows] (f32, or f64 for f64 input); out
+// has weight's dtype, which is x's or f32 for an f16/bf16 x (Note [Mixed layer norm]).
 #include "ember/kernels/ops.h"
 
 namespace ember {
@@ -21,12 +22,24 @@ Tensor softmax_front(const char* op, const Tensor& x, int64_t dim, bool log) {
   return out;
 }
 
-void check_affine(const char* what, const Tensor& p, const Tensor& x, const Shape& normalized_shape) {
+// Note [Mixed layer norm]
+// weight and bias have x's dtype — or, for an f16/bf16 x, both may be f32: the mixed form, whose output is f32 (the
+// statistics and arithmetic are f32 either way). Autocast runs layer norm in this form (autograd/autocast.h), so
+// the f16/bf16 input is what backward keeps, not an f32 copy of it; the result equals layer norm of x cast to f32.
+DType affine_dtype(const Tensor& x, const Tensor& weight, const Tensor& bias) {
+  const Tensor& p = weight.defined() ? weight : bias;
+  if (!p.defined()) return x.dtype();
+  const bool mixed = (x.dtype() == DType::f16 || x.dtype() == DType::bf16) && p.dtype() == DType::f32;
+  return mixed ? DType::f32 : x.dtype();
+}
+
+void check_affine(const char* what, const Tensor& p, const Tensor& x, const Shape& normalized_shape, DType want) {
   if (!p.defined()) return;
   EMBER_CHECK(p.sizes() == normalized_shape, ShapeError, "layer_norm: ", what, " must have the normalized shape ",
               shape_str(normalized_shape), ", got ", p.description());
-  EMBER_CHECK(p.dtype() == x.dtype(), DTypeError, "layer_norm: ", what, " dtype must match the input, got ",
-              p.description(), " and ", x.description());
+  EMBER_CHECK(p.dtype() == want, DTypeError, "layer_norm: ", what, " dtype must match the input (or, for an f16/bf16 "
+              "input, be f32 together with the other affine parameter), got ", p.description(), " and input ",
+              x.description());
 }
 
 }  // namespace
@@ -44,13 +57,14 @@ LayerNormResult layer_norm_with_stats(const Tensor& x, const Shape& normalized_s
   for (int64_t i = 0; matches && i < n; ++i) matches = x.size(lead + i) == normalized_shape[static_cast<size_t>(i)];
   EMBER_CHECK(matches, ShapeError, "layer_norm: normalized_shape ", shape_str(normalized_shape),
               " does not match the trailing dims of the input ", x.description());
-  check_affine("weight", weight, x, normalized_shape);
-  check_affine("bias", bias, x, normalized_shape);
+  const DType out_dtype = affine_dtype(x, weight, bias);  // Note [Mixed layer norm]
+  check_affine("weight", weight, x, normalized_shape, out_dtype);
+  check_affine("bias", bias, x, normalized_shape, out_dtype);
 
   const Shape stats_shape(x.sizes().begin(), x.sizes().begin() + lead);
   const int64_t rows = numel_of(stats_shape), cols = numel_of(normalized_shape);
   const DType stats_dtype = x.dtype() == DType::f64 ? DType::f64 : DType::f32;
-  Tensor out = empty({rows, cols}, TensorOptions(x.dtype(), device));
+  Tensor out = empty({rows, cols}, TensorOptions(out_dtype, device));
   Tensor mean = empty({rows}, TensorOptions(stats_dtype, device));
   Tensor rstd = empty({rows}, TensorOptions(stats_dtype, device));
   if (rows > 0 && !device.is_meta()) {

@@ -265,6 +265,44 @@ TEST(Autocast, GptLossUnderAutocastIsCloseToFp32AndParametersGetFp32Grads) {
   }
 }
 
+TEST(Autocast, LayerNormKeepsTheHalfInputAndMatchesFp32OnIt) {
+  // Note [Mixed layer norm]: under autocast, layer norm of an f16/bf16 x with f32 weight/bias returns f32 and saves x
+  // itself; its output and gradients equal the plain f32 layer norm of x's (exactly representable) f32 values.
+  for (DType low : {DType::f16, DType::bf16}) {
+    SCOPED_TRACE(dtype_name(low));
+    const Tensor x0 = rand_input({3, 2, 8}).to(low);
+    Tensor w = rand_f32({8}), b = rand_f32({8});
+    w.requires_grad_();
+    b.requires_grad_();
+    Tensor x = x0.clone();
+    x.requires_grad_();
+    const Tensor g = rand_f32({3, 2, 8});
+    Tensor y;
+    {
+      AutocastGuard autocast(DeviceType::CPU, low);
+      y = layer_norm(x, {8}, w, b);
+    }
+    ASSERT_EQ(y.dtype(), DType::f32);
+    sum(mul(y, g)).backward();
+    ASSERT_EQ(x.grad().dtype(), low);
+    const Tensor gw = w.grad().clone(), gb = b.grad().clone();
+    w.set_grad(Tensor());
+    b.set_grad(Tensor());
+    Tensor xr = x0.to(DType::f32);
+    xr.requires_grad_();
+    const Tensor yr = layer_norm(xr, {8}, w, b);
+    sum(mul(yr, g)).backward();
+    EXPECT_TRUE(values_near(y, elems(yr), 1e-6));
+    EXPECT_TRUE(values_near(gw, elems(w.grad()), 1e-5));
+    EXPECT_TRUE(values_near(gb, elems(b.grad()), 1e-5));
+    EXPECT_TRUE(values_near(x.grad(), elems(xr.grad().to(low)), 0.0)) << "the f32 gradient rounded once";
+  }
+  // Mixed pairs the kernels do not take are refused with the rule in the message.
+  const Tensor x = rand_input({2, 4}).to(DType::f16);
+  EXPECT_THROW(ops::layer_norm(x, {4}, rand_f32({4}), rand_input({4}).to(DType::f16)), DTypeError);
+  EXPECT_THROW(ops::layer_norm(rand_f32({2, 4}), {4}, rand_input({4}).to(DType::f16), Tensor()), DTypeError);
+}
+
 EMBER_INSTANTIATE_DEVICE_TESTS(AutocastTest);
 
 }  // namespace

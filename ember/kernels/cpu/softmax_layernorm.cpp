@@ -52,16 +52,18 @@ void softmax_kernel(const Tensor& in, const Tensor& out, int64_t dim, bool log) 
   EMBER_DISPATCH_FLOAT(in.dtype(), "softmax", [&] { softmax_typed<scalar_t>(in, out, dim, log); });
 }
 
-template <class T, class S>
+// T: x's element type; P: weight, bias and out (T itself, or float for the mixed f16/bf16-in, f32-out form);
+// S: the statistics.
+template <class T, class P, class S>
 void layer_norm_typed(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps, const Tensor& out,
                       const Tensor& mean, const Tensor& rstd) {
   using math_t = op_math_t<T>;
   const int64_t rows = x.size(0), cols = x.size(1), rs = x.stride(0), cs = x.stride(1);
   const T* px = static_cast<const T*>(x.raw_data());
-  const T* pw = weight.defined() ? static_cast<const T*>(weight.raw_data()) : nullptr;
-  const T* pb = bias.defined() ? static_cast<const T*>(bias.raw_data()) : nullptr;
+  const P* pw = weight.defined() ? static_cast<const P*>(weight.raw_data()) : nullptr;
+  const P* pb = bias.defined() ? static_cast<const P*>(bias.raw_data()) : nullptr;
   const int64_t ws = weight.defined() ? weight.stride(0) : 0, bs = bias.defined() ? bias.stride(0) : 0;
-  T* po = static_cast<T*>(out.raw_data());
+  P* po = static_cast<P*>(out.raw_data());
   S* pm = static_cast<S*>(mean.raw_data());
   S* pr = static_cast<S*>(rstd.raw_data());
   for (int64_t r = 0; r < rows; ++r) {
@@ -78,21 +80,26 @@ void layer_norm_typed(const Tensor& x, const Tensor& weight, const Tensor& bias,
     pm[r] = static_cast<S>(mu);
     pr[r] = static_cast<S>(inv);
     const math_t m = static_cast<math_t>(mu), k = static_cast<math_t>(inv);
-    T* y = po + r * cols;
+    P* y = po + r * cols;
     for (int64_t j = 0; j < cols; ++j) {
       math_t v = (static_cast<math_t>(row[j * cs]) - m) * k;
       if (pw) v *= static_cast<math_t>(pw[j * ws]);
       if (pb) v += static_cast<math_t>(pb[j * bs]);
-      y[j] = T(v);
+      y[j] = P(v);
     }
   }
 }
 
 void layer_norm_kernel(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps, const Tensor& out,
                        const Tensor& mean, const Tensor& rstd) {
+  if (out.dtype() != x.dtype()) {  // mixed: f16/bf16 x, f32 weight/bias/out (ops_norm.cpp checks the pairing)
+    if (x.dtype() == DType::f16) layer_norm_typed<Half, float, float>(x, weight, bias, eps, out, mean, rstd);
+    else layer_norm_typed<BFloat16, float, float>(x, weight, bias, eps, out, mean, rstd);
+    return;
+  }
   EMBER_DISPATCH_FLOAT(x.dtype(), "layer_norm", [&] {
     using stats_t = std::conditional_t<std::is_same_v<scalar_t, double>, double, float>;
-    layer_norm_typed<scalar_t, stats_t>(x, weight, bias, eps, out, mean, rstd);
+    layer_norm_typed<scalar_t, scalar_t, stats_t>(x, weight, bias, eps, out, mean, rstd);
   });
 }
 
