@@ -2,7 +2,10 @@
 // 128 wide, block 64, batch 12, AdamW lr 1e-3 with warmup and cosine decay to 1e-4, betas (0.9, 0.99), weight decay
 // 0.1 on matrices, gradient clipping at 1.0, dropout 0, 2000 iterations), reporting train/val loss and a sample.
 // Data: --data FILE; by default ../shared/data/tinyshakespeare/input.txt when it exists, else a generated text.
+// --amp fp16|bf16 trains with f16/bf16 weights, fp32 master weights and autocast (loss-scaled for fp16);
+// --amp autocast-fp16|autocast-bf16 keeps fp32 weights under autocast (train/amp.h).
 //   char_gpt [--data FILE] [--iters 2000] [--eval-interval 250] [--eval-iters 20] [--device cpu|cuda]
+//            [--amp none|fp16|bf16|autocast-fp16|autocast-bf16]
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
@@ -17,6 +20,7 @@
 #include "ember/optim/adam.h"
 #include "ember/optim/clip_grad.h"
 #include "ember/optim/lr_scheduler.h"
+#include "ember/train/amp.h"
 
 using namespace ember;
 
@@ -35,8 +39,9 @@ std::string generated_text() {
 
 // nanoGPT's estimate_loss: the mean loss of eval_iters random batches of a split, without recording.
 double estimate_loss(nn::GPT& model, const data::CharDataset& ds, data::Split split, int64_t eval_iters,
-                     int64_t batch, int64_t block, Generator& gen, Device device) {
+                     int64_t batch, int64_t block, Generator& gen, Device device, const train::AmpTrainer& trainer) {
   NoGradGuard no_grad;
+  AutocastGuard region = trainer.autocast();
   model.eval();
   double total = 0;
   for (int64_t i = 0; i < eval_iters; ++i) {
@@ -50,7 +55,7 @@ double estimate_loss(nn::GPT& model, const data::CharDataset& ds, data::Split sp
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string data_path = "../shared/data/tinyshakespeare/input.txt", device_name = "cpu";
+  std::string data_path = "../shared/data/tinyshakespeare/input.txt", device_name = "cpu", amp = "none";
   int64_t iters = 2000, eval_interval = 250, eval_iters = 20, batch = 12;
   uint64_t seed = 1337;
   const CLI::Range positive(int64_t{1}, std::numeric_limits<int64_t>::max());
@@ -61,6 +66,8 @@ int main(int argc, char** argv) {
   app.add_option("--eval-iters", eval_iters)->check(positive);
   app.add_option("--batch-size", batch)->check(positive);
   app.add_option("--device", device_name, "cpu | cuda | cuda:N");
+  app.add_option("--amp", amp, "mixed precision: none | fp16 | bf16 | autocast-fp16 | autocast-bf16")
+      ->check(CLI::IsMember({"none", "fp32", "fp16", "bf16", "autocast-fp16", "autocast-bf16"}));
   app.add_option("--seed", seed);
   int64_t sample = 300;
   app.add_option("--sample", sample, "characters to generate at the end (0: none)")
@@ -88,10 +95,14 @@ int main(int argc, char** argv) {
     // nanoGPT's configure_optimizers: weight decay on matrices (dim >= 2) only.
     std::vector<Tensor> decay, no_decay;
     for (const Tensor& p : model->parameters()) (p.dim() >= 2 ? decay : no_decay).push_back(p);
-    optim::AdamW opt({{decay, {{"weight_decay", 0.1}}}, {no_decay, {{"weight_decay", 0.0}}}},
-                     optim::AdamWOptions{.lr = 1e-3, .betas = {0.9, 0.99}});
+    train::AmpTrainer trainer(
+        *model, {{decay, {{"weight_decay", 0.1}}}, {no_decay, {{"weight_decay", 0.0}}}},
+        [](std::vector<optim::ParamGroup> g) {
+          return std::make_unique<optim::AdamW>(std::move(g), optim::AdamWOptions{.lr = 1e-3, .betas = {0.9, 0.99}});
+        },
+        train::parse_amp_mode(amp));
     const int64_t warmup = std::min<int64_t>(100, iters / 10);  // nanoGPT: 100 of 2000; shorter runs scale it
-    optim::CosineWarmupLR sched(opt, warmup, /*lr_decay_iters=*/iters, /*min_lr=*/1e-4);
+    optim::CosineWarmupLR sched(trainer.optimizer(), warmup, /*lr_decay_iters=*/iters, /*min_lr=*/1e-4);
 
     Generator train_gen(seed), eval_gen(seed + 1);
     memory::Allocator& alloc = allocator_for(device);
@@ -99,19 +110,25 @@ int main(int argc, char** argv) {
     double val_loss = 0;
     for (int64_t it = 0; it <= iters; ++it) {
       if (it % eval_interval == 0 || it == iters) {
-        const double tl = estimate_loss(*model, ds, data::Split::train, eval_iters, batch, cfg.block_size, eval_gen, device);
-        val_loss = estimate_loss(*model, ds, data::Split::val, eval_iters, batch, cfg.block_size, eval_gen, device);
+        const double tl =
+            estimate_loss(*model, ds, data::Split::train, eval_iters, batch, cfg.block_size, eval_gen, device, trainer);
+        val_loss =
+            estimate_loss(*model, ds, data::Split::val, eval_iters, batch, cfg.block_size, eval_gen, device, trainer);
         const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
         std::printf("step %5lld: train loss %.4f, val loss %.4f  (%.0f s)\n", static_cast<long long>(it), tl, val_loss,
                     secs);
       }
       if (it == iters) break;
       const auto [x, y] = ds.get_batch(data::Split::train, batch, cfg.block_size, train_gen, device);
-      Tensor loss = model->forward(x, y).loss;
-      loss.backward();
-      optim::clip_grad_norm_(model->parameters(), 1.0);
-      opt.step();
-      opt.zero_grad();
+      Tensor loss;
+      {
+        AutocastGuard region = trainer.autocast();
+        loss = model->forward(x, y).loss;
+      }
+      trainer.backward(loss);
+      trainer.clip_grad_norm_(1.0);
+      trainer.step();
+      trainer.zero_grad();
       sched.step();
     }
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -121,8 +138,12 @@ int main(int argc, char** argv) {
                 val_loss, static_cast<long long>(iters), secs, 1000.0 * secs / static_cast<double>(iters),
                 device.str().c_str(), memory::format_bytes(s.peak_allocated_bytes).c_str(),
                 memory::format_bytes(s.peak_reserved_bytes).c_str());
+    std::printf("precision %s: %s; %lld steps skipped, loss scale %g\n", train::amp_mode_name(trainer.mode()),
+                trainer.memory().to_string().c_str(), static_cast<long long>(trainer.steps_skipped()),
+                trainer.loss_scale());
     if (sample > 0) {
       const Tensor start = zeros({1, 1}, TensorOptions(DType::i64, device));
+      AutocastGuard region = trainer.autocast();
       std::printf("--- sample ---\n%s\n", ds.decode(model->generate(start, sample, 1.0, 200, seed)).c_str());
     }
   } catch (const std::exception& e) {  // ember::Error and its typed subclasses, or a standard-library failure

@@ -4,8 +4,10 @@
 // --optimizer adadelta is that example's own recipe (Adadelta lr 1.0, StepLR gamma 0.7 per epoch: ~98.7%).
 // Data: --data DIR (the IDX files, raw or .gz); by default ../shared/data/mnist when it exists, else generated
 // digit images (so the example always runs).
+// --amp fp16|bf16 trains with f16/bf16 weights, fp32 master weights and autocast (loss-scaled for fp16);
+// --amp autocast-fp16|autocast-bf16 keeps fp32 weights under autocast (train/amp.h).
 //   mnist_cnn [--data DIR] [--epochs 2] [--batch-size 64] [--optimizer adadelta|adamw] [--lr X]
-//             [--device cpu|cuda] [--max-batches N] [--max-test N]
+//             [--amp none|fp16|bf16|autocast-fp16|autocast-bf16] [--device cpu|cuda] [--max-batches N] [--max-test N]
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
@@ -23,6 +25,7 @@
 #include "ember/optim/adadelta.h"
 #include "ember/optim/adam.h"
 #include "ember/optim/lr_scheduler.h"
+#include "ember/train/amp.h"
 
 using namespace ember;
 namespace F = ember::nn::functional;
@@ -46,8 +49,9 @@ std::pair<Tensor, Tensor> batch_of(const Split& s, const std::vector<int64_t>& i
   return {embedding(s.images, index).view({-1, 1, 28, 28}), embedding(s.labels.unsqueeze(1), index).view({-1})};
 }
 
-double accuracy(nn::Module& model, const Split& test, int64_t max_test) {
+double accuracy(nn::Module& model, const Split& test, int64_t max_test, const train::AmpTrainer& trainer) {
   NoGradGuard no_grad;
+  AutocastGuard region = trainer.autocast();
   model.eval();
   const int64_t n = max_test >= 0 ? std::min(max_test, test.labels.numel()) : test.labels.numel();
   int64_t correct = 0;
@@ -67,7 +71,7 @@ int main(int argc, char** argv) {
   std::string data_dir = "../shared/data/mnist", device_name = "cpu";
   int64_t epochs = 2, batch_size = 64, max_batches = -1, max_test = -1;
   double lr = -1.0;  // per optimizer: AdamW 3e-3, Adadelta 1.0
-  std::string optimizer = "adamw";
+  std::string optimizer = "adamw", amp = "none";
   uint64_t seed = 1;
   const CLI::Range positive(int64_t{1}, std::numeric_limits<int64_t>::max());
   CLI::App app{"Train the pytorch/examples MNIST CNN with ember"};
@@ -79,6 +83,8 @@ int main(int argc, char** argv) {
                  "adamw (default): AdamW with warmup and a per-step cosine decay to 0 over the run; adadelta: "
                  "pytorch/examples' recipe (Adadelta, StepLR 0.7 per epoch)")
       ->check(CLI::IsMember({"adadelta", "adamw"}));
+  app.add_option("--amp", amp, "mixed precision: none | fp16 | bf16 | autocast-fp16 | autocast-bf16")
+      ->check(CLI::IsMember({"none", "fp32", "fp16", "bf16", "autocast-fp16", "autocast-bf16"}));
   app.add_option("--device", device_name, "cpu | cuda | cuda:N");
   app.add_option("--max-batches", max_batches, "stop each epoch after N batches (a quick run)");
   app.add_option("--max-test", max_test, "evaluate on the first N test images only");
@@ -114,16 +120,26 @@ int main(int argc, char** argv) {
     const int64_t n = train.labels.numel();
     const int64_t batches_per_epoch = max_batches >= 0 ? std::min(max_batches, (n + batch_size - 1) / batch_size)
                                                        : (n + batch_size - 1) / batch_size;
-    std::unique_ptr<optim::Optimizer> opt;
     std::unique_ptr<optim::LRScheduler> epoch_sched, step_sched;
+    optim::OptimizerFactory make_optimizer;
     if (optimizer == "adadelta") {  // pytorch/examples: Adadelta(lr=1.0), StepLR(step_size=1, gamma=0.7)
-      opt = std::make_unique<optim::Adadelta>(model->parameters(), optim::AdadeltaOptions{.lr = lr > 0 ? lr : 1.0});
-      epoch_sched = std::make_unique<optim::StepLR>(*opt, 1, 0.7);
+      make_optimizer = [lr](std::vector<optim::ParamGroup> g) {
+        return std::make_unique<optim::Adadelta>(std::move(g), optim::AdadeltaOptions{.lr = lr > 0 ? lr : 1.0});
+      };
     } else {  // AdamW, warmup over the first 100 steps, cosine decay to 0 at the last step
-      opt = std::make_unique<optim::AdamW>(model->parameters(),
-                                           optim::AdamWOptions{.lr = lr > 0 ? lr : 3e-3, .weight_decay = 0.0});
+      make_optimizer = [lr](std::vector<optim::ParamGroup> g) {
+        return std::make_unique<optim::AdamW>(std::move(g),
+                                              optim::AdamWOptions{.lr = lr > 0 ? lr : 3e-3, .weight_decay = 0.0});
+      };
+    }
+    train::AmpTrainer trainer(*model, {optim::ParamGroup{model->parameters()}}, make_optimizer,
+                              train::parse_amp_mode(amp));
+    if (optimizer == "adadelta") {
+      epoch_sched = std::make_unique<optim::StepLR>(trainer.optimizer(), 1, 0.7);
+    } else {
       const int64_t total = epochs * batches_per_epoch;
-      step_sched = std::make_unique<optim::CosineWarmupLR>(*opt, std::min<int64_t>(100, total / 10), total, 0.0);
+      step_sched = std::make_unique<optim::CosineWarmupLR>(trainer.optimizer(), std::min<int64_t>(100, total / 10),
+                                                           total, 0.0);
     }
     std::printf("model: %lld parameters (%s)\n", static_cast<long long>(model->num_parameters()),
                 memory::format_bytes(model->parameter_bytes()).c_str());
@@ -142,10 +158,14 @@ int main(int argc, char** argv) {
         if (max_batches >= 0 && batches >= max_batches) break;
         const std::vector<int64_t> idx(order.begin() + start, order.begin() + std::min(n, start + batch_size));
         const auto [x, y] = batch_of(train, idx, device);
-        Tensor loss = F::cross_entropy(model->forward(x), y);
-        loss.backward();
-        opt->step();
-        opt->zero_grad();
+        Tensor loss;
+        {
+          AutocastGuard region = trainer.autocast();
+          loss = F::cross_entropy(model->forward(x), y);
+        }
+        trainer.backward(loss);
+        trainer.step();
+        trainer.zero_grad();
         if (step_sched) step_sched->step();
         loss_sum += loss.item_double();
         ++batches;
@@ -155,7 +175,7 @@ int main(int argc, char** argv) {
       }
       if (epoch_sched) epoch_sched->step();
       const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      const double acc = accuracy(*model, test, max_test);
+      const double acc = accuracy(*model, test, max_test, trainer);
       std::printf("epoch %lld: train loss %.4f, test accuracy %.2f%%, %.1f s (%.1f ms/batch)\n",
                   static_cast<long long>(epoch), loss_sum / static_cast<double>(std::max<int64_t>(batches, 1)),
                   100.0 * acc, secs, 1000.0 * secs / static_cast<double>(std::max<int64_t>(batches, 1)));
@@ -165,6 +185,9 @@ int main(int argc, char** argv) {
     std::printf("total %.1f s; %s allocator: peak allocated %s, peak reserved %s\n", total, device.str().c_str(),
                 memory::format_bytes(s.peak_allocated_bytes).c_str(),
                 memory::format_bytes(s.peak_reserved_bytes).c_str());
+    std::printf("precision %s: %s; %lld steps skipped, loss scale %g\n", train::amp_mode_name(trainer.mode()),
+                trainer.memory().to_string().c_str(), static_cast<long long>(trainer.steps_skipped()),
+                trainer.loss_scale());
   } catch (const std::exception& e) {  // ember::Error and its typed subclasses, or a standard-library failure
     std::fprintf(stderr, "mnist_cnn: %s\n", e.what());
     return 1;

@@ -20,6 +20,7 @@ struct BenchTrainArgs {
   int64_t warmup = 3;
   std::string device = "cpu";
   uint64_t seed = 0;
+  std::string amp = "none";
   bool json = false;
 };
 
@@ -30,6 +31,7 @@ void run_bench_train(const BenchTrainArgs& a) {
   o.warmup = a.warmup;
   o.device = Device(a.device);
   o.seed = a.seed;
+  o.amp = a.amp;
   const train::BenchTrainResult r = train::bench_train(o);
   if (a.json) {
     std::printf("%s\n", r.to_json().c_str());
@@ -42,6 +44,11 @@ void run_bench_train(const BenchTrainArgs& a) {
               r.ms_per_step_min, r.ms_per_step_max, r.first_loss, r.last_loss,
               memory::format_bytes(r.peak_allocated_bytes).c_str(),
               memory::format_bytes(r.peak_reserved_bytes).c_str(), r.peak_rss_mib);
+  std::printf("  precision %s: weights %s, grads %s, fp32 masters %s, optimizer state %s, activations %s; "
+              "%lld steps skipped\n",
+              r.amp.c_str(), memory::format_bytes(r.weights_bytes).c_str(), memory::format_bytes(r.grads_bytes).c_str(),
+              memory::format_bytes(r.master_bytes).c_str(), memory::format_bytes(r.optimizer_state_bytes).c_str(),
+              memory::format_bytes(r.activation_bytes).c_str(), static_cast<long long>(r.steps_skipped));
 }
 
 }  // namespace
@@ -56,6 +63,8 @@ void add_bench_command(CLI::App& app) {
   train->add_option("--warmup", args->warmup, "untimed steps first")->check(CLI::Range(int64_t{0}, std::numeric_limits<int64_t>::max()));
   train->add_option("--device", args->device, "cpu | cuda | cuda:N");
   train->add_option("--seed", args->seed, "seed of the model and the batch");
+  train->add_option("--amp", args->amp, "mixed precision: none | fp16 | bf16 | autocast-fp16 | autocast-bf16")
+      ->check(CLI::IsMember({"none", "fp32", "fp16", "bf16", "autocast-fp16", "autocast-bf16"}));
   train->add_flag("--json", args->json, "print one JSON line");
   train->callback([args] { run_bench_train(*args); });
 }

@@ -17,6 +17,7 @@
 #include "ember/nn/models.h"
 #include "ember/nn/transformer.h"
 #include "ember/optim/adam.h"
+#include "ember/train/amp.h"
 
 namespace ember::train {
 
@@ -74,13 +75,19 @@ BenchTrainResult bench_train(const BenchTrainOptions& o) {
   EMBER_CHECK(o.steps > 0 && o.warmup >= 0 && o.steps <= std::numeric_limits<int64_t>::max() - o.warmup, ValueError,
               "bench train: steps must be > 0, warmup >= 0 and their sum representable (got steps ", o.steps,
               ", warmup ", o.warmup, ")");
+  const AmpMode mode = parse_amp_mode(o.amp);
   StandardTask task = make_standard_task(o.model, o.device, o.seed);
-  optim::AdamW opt(task.model->parameters(), optim::AdamWOptions{.lr = 1e-3});
+  AmpTrainer trainer(*task.model, {optim::ParamGroup{task.model->parameters()}},
+                     [](std::vector<optim::ParamGroup> g) {
+                       return std::make_unique<optim::AdamW>(std::move(g), optim::AdamWOptions{.lr = 1e-3});
+                     },
+                     mode);
   memory::Allocator& alloc = allocator_for(o.device);
 
   BenchTrainResult r;
   r.model = o.model;
   r.device = o.device.str();
+  r.amp = amp_mode_name(mode);
   r.steps = o.steps;
   r.batch = task.batch;
   r.parameters = task.model->num_parameters();
@@ -90,11 +97,25 @@ BenchTrainResult bench_train(const BenchTrainOptions& o) {
       sync(o.device);
       alloc.reset_peak_stats();
     }
+    const bool last = i + 1 == o.warmup + o.steps;
     const auto t0 = std::chrono::steady_clock::now();
-    Tensor loss = task.loss();
-    loss.backward();
-    opt.step();
-    opt.zero_grad(/*set_to_none=*/true);
+    const int64_t before_forward = last ? alloc.stats().allocated_bytes : 0;
+    Tensor loss;
+    {
+      AutocastGuard region = trainer.autocast();
+      loss = task.loss();
+    }
+    if (last) r.activation_bytes = alloc.stats().allocated_bytes - before_forward;
+    trainer.backward(loss);
+    if (last) {
+      const MemoryBreakdown m = trainer.memory();
+      r.weights_bytes = m.weights;
+      r.grads_bytes = m.grads;
+      r.master_bytes = m.master_weights;
+    }
+    trainer.step();
+    if (last) r.optimizer_state_bytes = trainer.memory().optimizer_state;
+    trainer.zero_grad(/*set_to_none=*/true);
     const double value = loss.item_double();  // also synchronises with the device
     sync(o.device);
     const auto t1 = std::chrono::steady_clock::now();
@@ -102,6 +123,7 @@ BenchTrainResult bench_train(const BenchTrainOptions& o) {
     r.last_loss = value;
     if (i >= o.warmup) ms.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
   }
+  r.steps_skipped = trainer.steps_skipped();
   std::sort(ms.begin(), ms.end());
   r.ms_per_step_median = ms.size() % 2 ? ms[ms.size() / 2] : 0.5 * (ms[ms.size() / 2 - 1] + ms[ms.size() / 2]);
   r.ms_per_step_min = ms.front();
@@ -128,6 +150,13 @@ std::string BenchTrainResult::to_json() const {
   j["peak_reserved_bytes"] = peak_reserved_bytes;
   j["first_loss"] = first_loss;
   j["last_loss"] = last_loss;
+  j["amp"] = amp;
+  j["weights_bytes"] = weights_bytes;
+  j["grads_bytes"] = grads_bytes;
+  j["master_bytes"] = master_bytes;
+  j["optimizer_state_bytes"] = optimizer_state_bytes;
+  j["activation_bytes"] = activation_bytes;
+  j["steps_skipped"] = steps_skipped;
   return j.dump();
 }
 

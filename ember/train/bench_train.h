@@ -32,6 +32,7 @@ struct BenchTrainOptions {
   int64_t warmup = 3;   // untimed steps first (the allocator's cache fills, the optimizer state is created)
   Device device = Device::cpu();
   uint64_t seed = 0;
+  std::string amp = "none";  // a mode parse_amp_mode takes (train/amp.h): none, fp16, bf16, autocast-fp16/-bf16
 };
 
 struct BenchTrainResult {
@@ -42,11 +43,16 @@ struct BenchTrainResult {
   int64_t peak_allocated_bytes = 0;  // the device allocator's peak during the timed steps
   int64_t peak_reserved_bytes = 0;
   double first_loss = 0, last_loss = 0;
+  std::string amp = "none";
+  // Bytes by role after the last timed step's backward (before its optimizer step): weights, grads, fp32 masters,
+  // optimizer state; activations = the bytes the last forward left allocated (saved for backward, and its outputs).
+  int64_t weights_bytes = 0, grads_bytes = 0, master_bytes = 0, optimizer_state_bytes = 0, activation_bytes = 0;
+  int64_t steps_skipped = 0;  // steps skipped for NaN/inf gradients (loss-scaled modes)
   std::string to_json() const;  // one line
 };
 
 // Times AdamW (lr 1e-3) training steps — forward, backward, optimizer step, zero_grad(set_to_none) — of the
-// standard config `options.model`.
+// standard config `options.model`, in the mixed-precision mode `options.amp` (ConfigError for an unknown one).
 BenchTrainResult bench_train(const BenchTrainOptions& options);
 
 }  // namespace ember::train
