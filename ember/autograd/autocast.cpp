@@ -22,12 +22,14 @@ struct DeviceState {
 // A parameter used by several ops in one forward (a tied embedding, a weight reused across time steps) would be cast
 // once per use; PyTorch caches the lower-precision cast of an f32 leaf that requires grad for the duration of the
 // outermost autocast region, and so does ember. The key is the source's TensorImpl; the entry keeps the source alive
-// (so the address cannot be reused by another tensor while cached) and is valid only at the source's version (an
-// in-place update, like an optimizer step inside the region, makes a fresh cast) and under the grad mode it was made
+// (so the address cannot be reused by another tensor while cached) and is valid only for the source's storage and
+// version (an in-place update, like an optimizer step inside the region, or a storage swapped in by set_data makes a
+// fresh cast) and under the grad mode it was made
 // in (a cast made under no_grad has no history and must not be handed to a recorded op). Casts of non-leaves are never
 // cached: they are activations, used once.
 struct CacheEntry {
   Tensor source, cast;
+  const void* storage = nullptr;  // set_data (Module::to) swaps a parameter's storage and version counter
   int64_t version = 0;
   bool grad_mode = false;
 };
@@ -134,11 +136,11 @@ Tensor cast_for(AutocastCategory category, const Tensor& x) {
   ThreadState& s = state();
   const bool grad_mode = GradMode::is_enabled();
   auto it = s.cache.find(x.unsafe_impl());
-  if (it != s.cache.end() && it->second.version == x.version() && it->second.grad_mode == grad_mode &&
-      it->second.cast.dtype() == ds.dtype)
+  if (it != s.cache.end() && it->second.storage == x.storage().get() && it->second.version == x.version() &&
+      it->second.grad_mode == grad_mode && it->second.cast.dtype() == ds.dtype)
     return it->second.cast;
   Tensor c = cast(x, ds.dtype);
-  s.cache[x.unsafe_impl()] = CacheEntry{x, c, x.version(), grad_mode};
+  s.cache[x.unsafe_impl()] = CacheEntry{x, c, x.storage().get(), x.version(), grad_mode};
   return c;
 }
 

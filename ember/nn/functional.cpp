@@ -236,7 +236,8 @@ Tensor scaled_dot_product_attention(const Tensor& query, const Tensor& key, cons
   const char* op = "scaled_dot_product_attention";
   if (autocast::should_cast({&query, &key, &value})) {
     autocast::BodyGuard body;
-    return scaled_dot_product_attention(autocast::lower(query), autocast::lower(key), autocast::lower(value), autocast::lower(attn_mask), dropout_p, is_causal, scale);
+    return scaled_dot_product_attention(autocast::lower(query), autocast::lower(key), autocast::lower(value),
+                                        autocast::lower(attn_mask), dropout_p, is_causal, scale);
   }
   EMBER_CHECK(query.defined() && key.defined() && value.defined(), ValueError, op, ": q, k, v must be defined");
   EMBER_CHECK(query.dim() >= 2 && key.dim() >= 2 && value.dim() >= 2, ShapeError, op,

@@ -6,6 +6,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
+#include <limits>
 #include <map>
 #include <set>
 
@@ -19,14 +21,24 @@ namespace ember::optim {
 
 namespace detail {
 
+void check_scale_value(const char* who, const char* what, double scale) {
+  // The scale is kept in f32: a value f32 cannot hold as a normal number would become inf or 0, and every step
+  // would then be skipped without an error.
+  EMBER_CHECK(scale >= static_cast<double>(std::numeric_limits<float>::min()) &&
+                  scale <= static_cast<double>(std::numeric_limits<float>::max()),
+              ValueError, who, ": ", what, " must be a positive normal f32 value (between ",
+              std::numeric_limits<float>::min(), " and ", std::numeric_limits<float>::max(), "), got ", scale);
+}
+
 void check_scaler_options(const char* who, const GradScalerOptions& o) {
-  EMBER_CHECK(std::isfinite(o.init_scale) && o.init_scale > 0.0, ValueError, who, ": init_scale must be > 0, got ",
-              o.init_scale);
+  check_scale_value(who, "init_scale", o.init_scale);
   EMBER_CHECK(std::isfinite(o.growth_factor) && o.growth_factor > 1.0, ValueError, who,
               ": growth_factor must be > 1, got ", o.growth_factor);
   EMBER_CHECK(o.backoff_factor > 0.0 && o.backoff_factor < 1.0, ValueError, who,
               ": backoff_factor must be in (0, 1), got ", o.backoff_factor);
-  EMBER_CHECK(o.growth_interval >= 1, ValueError, who, ": growth_interval must be >= 1, got ", o.growth_interval);
+  // The growth tracker is an i32 tensor (PyTorch's too).
+  EMBER_CHECK(o.growth_interval >= 1 && o.growth_interval <= std::numeric_limits<int32_t>::max(), ValueError, who,
+              ": growth_interval must be in [1, 2^31 - 1], got ", o.growth_interval);
 }
 
 StateDict scaler_state_dict(double scale, int64_t growth_tracker, const GradScalerOptions& o,
@@ -109,6 +121,7 @@ void GradScaler::unscale_(Optimizer& optimizer) {
   EMBER_CHECK(rec.stage != Stage::stepped, ValueError, op, ": unscale_() is being called after step()");
 
   std::vector<std::pair<Device, std::vector<Tensor>>> by_device;  // grads grouped by device, in first-seen order
+  bool any_grad = false;
   for (const Tensor& p : optimizer.parameters()) {
     const Tensor g = p.grad();
     if (!g.defined()) continue;
@@ -117,7 +130,12 @@ void GradScaler::unscale_(Optimizer& optimizer) {
     auto it = std::find_if(by_device.begin(), by_device.end(), [&](const auto& e) { return e.first == g.device(); });
     if (it == by_device.end()) it = by_device.insert(by_device.end(), {g.device(), {}});
     it->second.push_back(g);
+    any_grad = true;
   }
+  // PyTorch asserts "No inf checks were recorded for this optimizer": an update without any gradient checked would
+  // count as a clean step and grow the scale.
+  EMBER_CHECK(any_grad, ValueError, op, ": none of the optimizer's parameters has a gradient (call backward on the "
+              "scaled loss first)");
 
   NoGradGuard no_grad;
   const Device home = scale_.device();
@@ -159,8 +177,7 @@ void GradScaler::update(std::optional<double> new_scale) {
   const char* op = "GradScaler::update";
   EMBER_CHECK(scale_.defined(), ValueError, op, ": no scale yet; call scale(loss) first");
   if (new_scale.has_value()) {
-    EMBER_CHECK(std::isfinite(*new_scale) && *new_scale > 0.0, ValueError, op, ": new_scale must be > 0, got ",
-                *new_scale);
+    detail::check_scale_value(op, "new_scale", *new_scale);
     scale_.fill_(*new_scale);
   } else {
     Tensor found;

@@ -25,7 +25,8 @@ struct GradScalerOptions {
 
 class GradScaler {
  public:
-  // ValueError unless init_scale > 0, growth_factor > 1, 0 < backoff_factor < 1 and growth_interval >= 1.
+  // ValueError unless init_scale is a positive normal f32 value, growth_factor > 1, 0 < backoff_factor < 1 and
+  // 1 <= growth_interval <= 2^31 - 1.
   explicit GradScaler(GradScalerOptions options = {});
 
   // outputs * scale (the multiplication is recorded, so backward produces scaled gradients). The scale tensor is
@@ -33,7 +34,8 @@ class GradScaler {
   Tensor scale(const Tensor& outputs);
 
   // Divides the optimizer's gradients by the scale in place and records whether any is NaN or inf (one fused pass
-  // per device). ValueError when called twice for one optimizer before update(), or after step(); DTypeError for
+  // per device). ValueError when called twice for one optimizer before update(), after step(), or when no parameter
+  // has a gradient (PyTorch: "No inf checks were recorded for this optimizer"); DTypeError for
   // f16 gradients (they would be unscaled in f16, where small values flush to zero: keep fp32 weights under
   // autocast, or use MixedPrecisionOptimizer for f16 weights), as PyTorch refuses them.
   void unscale_(Optimizer& optimizer);
@@ -81,8 +83,11 @@ class GradScaler {
 
 namespace detail {
 // Shared by GradScaler and MixedPrecisionOptimizer (which keeps its own scale tensors).
-// ValueError naming `who` unless init_scale > 0, growth_factor > 1, 0 < backoff_factor < 1, growth_interval >= 1.
+// ValueError naming `who` unless init_scale is a positive normal f32 value, growth_factor > 1,
+// 0 < backoff_factor < 1 and 1 <= growth_interval <= 2^31 - 1 (the tracker is i32).
 void check_scaler_options(const char* who, const GradScalerOptions& options);
+// ValueError unless `scale` (named `what`) is a positive normal f32 value: the scale tensor is f32.
+void check_scale_value(const char* who, const char* what, double scale);
 // GradScaler::state_dict's entries for these values, each name prefixed with `prefix`.
 StateDict scaler_state_dict(double scale, int64_t growth_tracker, const GradScalerOptions& options,
                             const std::string& prefix);

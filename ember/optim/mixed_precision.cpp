@@ -95,8 +95,29 @@ void MixedPrecisionOptimizer::backward(const Tensor& loss) { scale_loss(loss).ba
 void MixedPrecisionOptimizer::unscale_() {
   EMBER_CHECK(!unscaled_, ValueError, kWho, "::unscale_: unscale_() has already been called since the last step()");
   NoGradGuard no_grad;
+  found_inf_.zero_();
+  if (uses_scaling(options_)) {
+    const Device d = scale_.device();
+    inv_scale_.copy_(ops::div(ones({1}, TensorOptions(DType::f64, d)), ops::cast(scale_, DType::f64)));
+  }
+  // Note [Mixed-precision memory]: fused calls over batches of at most kUnscaleBatchBytes of master gradients; each
+  // batch's f16/bf16 gradients are freed right after it, so the f32 master gradients replace them batch by batch.
+  constexpr int64_t kUnscaleBatchBytes = 16 << 20;
   std::vector<Tensor> grads, outs;
   std::vector<size_t> index;
+  int64_t batch_bytes = 0;
+  auto flush = [&] {
+    if (grads.empty()) return;
+    ops::amp_unscale_(grads, found_inf_, inv_scale_, outs);
+    for (size_t k = 0; k < index.size(); ++k) {
+      masters_[index[k]].set_grad(outs[k]);
+      params_[index[k]].set_grad(Tensor());
+    }
+    grads.clear();
+    outs.clear();
+    index.clear();
+    batch_bytes = 0;
+  };
   for (size_t i = 0; i < params_.size(); ++i) {
     const Tensor g = params_[i].grad();
     const Tensor& master = masters_[i];
@@ -109,22 +130,21 @@ void MixedPrecisionOptimizer::unscale_() {
     grads.push_back(g);
     outs.push_back(mg);
     index.push_back(i);
+    batch_bytes += mg.nbytes();
+    if (batch_bytes >= kUnscaleBatchBytes) flush();
   }
-  found_inf_.zero_();
-  if (uses_scaling(options_)) {
-    const Device d = scale_.device();
-    inv_scale_.copy_(ops::div(ones({1}, TensorOptions(DType::f64, d)), ops::cast(scale_, DType::f64)));
-  }
-  ops::amp_unscale_(grads, found_inf_, inv_scale_, outs);
-  for (size_t k = 0; k < index.size(); ++k) {
-    masters_[index[k]].set_grad(outs[k]);
-    params_[index[k]].set_grad(Tensor());  // Note [Mixed-precision memory]: the f16/bf16 gradient is freed here
-  }
+  flush();
   unscaled_ = true;
 }
 
 bool MixedPrecisionOptimizer::step() {
   if (!unscaled_) unscale_();
+  // Whatever happens below (an inner optimizer that throws), the next step starts with a fresh unscale_ of the next
+  // backward's gradients: this step's model gradients were consumed above.
+  struct ResetUnscaled {
+    bool& flag;
+    ~ResetUnscaled() { flag = false; }
+  } reset{unscaled_};
   const bool found = found_inf_.item_double() != 0.0;  // the one host sync of a step
   if (!found) {
     inner_->step();
@@ -134,7 +154,6 @@ bool MixedPrecisionOptimizer::step() {
   if (uses_scaling(options_))
     ops::amp_update_scale_(scale_, growth_tracker_, found_inf_, options_.scaler.growth_factor,
                            options_.scaler.backoff_factor, options_.scaler.growth_interval);
-  unscaled_ = false;
   last_skipped_ = found;
   if (found) ++steps_skipped_;
   return !found;

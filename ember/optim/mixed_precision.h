@@ -29,11 +29,11 @@ struct MixedPrecisionOptions {
 using OptimizerFactory = std::function<std::unique_ptr<Optimizer>(std::vector<ParamGroup> master_groups)>;
 
 // Note [Mixed-precision memory]
-// Steady state per parameter: the model's f16/bf16 weight, the fp32 master and the inner optimizer's fp32 state.
-// The model's f16/bf16 gradient exists from backward until unscale_(), which writes the fp32 master gradient in the
-// same fused pass (found_inf check included) and frees the f16/bf16 gradient; zero_grad() frees the master gradients.
-// So the peak during step() is 2 + 4 (master grad) + 4 + state bytes, never f16 and f32 gradients of one tensor and
-// a second copy besides.
+// Per parameter with Adam: the f16/bf16 weight (2), the fp32 master (4) and the fp32 state (8) always; after
+// backward the f16/bf16 gradient (2): 16 bytes. unscale_() turns gradients into fp32 master gradients in fused calls
+// over batches of at most 16 MiB of master gradients and frees each batch's f16/bf16 gradients right after it, so
+// during step() a parameter holds 2 + 4 (master grad) + 4 + 8 = 18 bytes, never both gradients except within one
+// batch; zero_grad() frees the master gradients (back to 14 until the next backward).
 //
 // Use (gradient accumulation: call backward once per micro-batch, step once per effective batch; the scale is
 // constant in between and checked, applied and updated once):
@@ -58,11 +58,13 @@ class MixedPrecisionOptimizer {
   void backward(const Tensor& loss);
 
   // Writes every model gradient times 1/scale into its master's .grad (f32), checking for NaN/inf in the same pass,
-  // and frees the model gradients (Note [Mixed-precision memory]). Parameters without a gradient get none. At most
-  // once per step: a second call before step() is a ValueError.
+  // and frees the model gradients batch by batch (Note [Mixed-precision memory]). Parameters without a gradient get
+  // none. At most once per step: a second call before step() is a ValueError.
   void unscale_();
   // unscale_() unless done; then, when every gradient was finite, the inner optimizer's step and the rounding of each
   // master into its model weight. The loss scale is updated either way (f16). Returns whether the step was taken.
+  // If the inner optimizer throws, the exception propagates and the next step() unscales afresh (this step's model
+  // gradients were consumed; the master gradients stay until zero_grad()).
   bool step();
   // Frees (or zeroes) the model gradients and the master gradients.
   void zero_grad(bool set_to_none = true);

@@ -89,11 +89,17 @@ AmpTrainer::AmpTrainer(nn::Module& model, std::vector<optim::ParamGroup> groups,
                        AmpMode mode, optim::GradScalerOptions scaler)
     : model_(model), mode_(mode), device_type_(model_device(model).type) {
   if (mode == AmpMode::fp16 || mode == AmpMode::bf16) {
+    const DType before = model.parameters().front().dtype();
     model.to(amp_weight_dtype(mode));
     optim::MixedPrecisionOptions o;
     o.dtype = amp_weight_dtype(mode);
     o.scaler = scaler;
-    mixed_ = std::make_unique<optim::MixedPrecisionOptimizer>(std::move(groups), make, o);
+    try {
+      mixed_ = std::make_unique<optim::MixedPrecisionOptimizer>(std::move(groups), make, o);
+    } catch (...) {
+      model.to(before);  // a refused setup leaves the model as it came
+      throw;
+    }
     return;
   }
   plain_ = make(std::move(groups));
@@ -124,7 +130,10 @@ double AmpTrainer::clip_grad_norm_(double max_norm) {
 }
 
 bool AmpTrainer::step() {
-  unscaled_ = false;
+  struct ResetUnscaled {  // the next step unscales afresh, also after an optimizer that threw
+    bool& flag;
+    ~ResetUnscaled() { flag = false; }
+  } reset{unscaled_};
   bool taken = true;
   if (mixed_) {
     taken = mixed_->step();

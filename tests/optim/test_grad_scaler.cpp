@@ -227,6 +227,24 @@ TEST(GradScaler, CallOrderErrors) {
   error_message<ValueError>([] { GradScaler s(GradScalerOptions{.growth_factor = 1.0}); });
   error_message<ValueError>([] { GradScaler s(GradScalerOptions{.backoff_factor = 1.0}); });
   error_message<ValueError>([] { GradScaler s(GradScalerOptions{.growth_interval = 0}); });
+  // The scale is an f32 tensor and the tracker i32: values they cannot hold are refused, not turned into inf or 0
+  // (an inf or zero scale would skip every step without an error).
+  error_message<ValueError>([] { GradScaler s(GradScalerOptions{.init_scale = 1e39}); });
+  error_message<ValueError>([] { GradScaler s(GradScalerOptions{.init_scale = 1e-50}); });
+  error_message<ValueError>([] { GradScaler s(GradScalerOptions{.growth_interval = int64_t{1} << 40}); });
+  error_message<ValueError>([&] { scaler.update(1e39); });
+  EXPECT_EQ(scaler.get_scale(), 32.0);
+}
+
+TEST(GradScaler, StepWithoutAnyGradientIsRefused) {
+  // PyTorch: "No inf checks were recorded for this optimizer." Without the check, update() would count the step as
+  // clean and grow the scale.
+  const Tensor p = leaf({1.0, 2.0}), q = leaf({3.0});
+  SGD opt({q}, SGDOptions{.lr = 0.5});
+  GradScaler scaler(GradScalerOptions{.init_scale = 8.0, .growth_interval = 1});
+  scaler.scale(dot_loss(p, {1.0, 1.0})).backward();  // q gets no gradient
+  EXPECT_NE(error_message<ValueError>([&] { scaler.step(opt); }).find("gradient"), std::string::npos);
+  EXPECT_EQ(scaler.get_scale(), 8.0);
 }
 
 TEST(GradScaler, RefusesF16GradientsButUnscalesBF16) {

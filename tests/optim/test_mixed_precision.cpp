@@ -395,6 +395,35 @@ TEST(MixedPrecision, Errors) {
   EXPECT_TRUE(opt.step());  // step after unscale_ uses the unscaled gradients
 }
 
+// An inner optimizer that throws once: the exception reaches the caller, and the next iteration unscales its own
+// gradients and steps normally (the flag that says "unscaled" does not outlive the failed step).
+TEST(MixedPrecision, AThrowingInnerStepLeavesTheNextStepWorking) {
+  struct FlakySGD : SGD {
+    using SGD::SGD;
+    bool fail = true;
+    void step() override {
+      if (fail) {
+        fail = false;
+        EMBER_THROW(ValueError, "inner step failed");
+      }
+      SGD::step();
+    }
+  };
+  Tensor p = from_vector<double>({1.0}, {1}).to(DType::f16);
+  p.requires_grad_();
+  MixedPrecisionOptimizer opt({p}, [](std::vector<ParamGroup> g) {
+    return std::make_unique<FlakySGD>(std::move(g), SGDOptions{.lr = 0.25});
+  }, f16_options(4.0));
+  auto loss = [&] { return ember::sum(ember::mul(p, from_vector<double>({1.0}, {1}).to(DType::f16))); };
+  opt.backward(loss());
+  EXPECT_THROW(opt.step(), ValueError);
+  opt.zero_grad();
+  opt.backward(loss());
+  EXPECT_TRUE(opt.step());
+  EXPECT_EQ(p.to(DType::f64).item_double(), 0.75) << "one SGD step with gradient 1 and lr 0.25";
+  EXPECT_FALSE(p.grad().defined()) << "the new f16 gradient was consumed";
+}
+
 // Parameter groups carry their options into the inner optimizer (e.g. no weight decay on biases).
 TEST(MixedPrecision, GroupsKeepTheirOptions) {
   TwoLayer model;
