@@ -144,6 +144,38 @@ Tensor cast_for(AutocastCategory category, const Tensor& x) {
   return c;
 }
 
+State current_state() {
+  State out;
+  for (int d = 0; d < kNumDeviceTypes; ++d) {
+    const DeviceState& ds = state().devices[d];
+    out.enabled[d] = ds.enabled;
+    out.cache_enabled[d] = ds.cache_enabled;
+    out.dtype[d] = ds.dtype;
+  }
+  return out;
+}
+
+namespace {
+void apply(const State& s) {
+  for (int d = 0; d < kNumDeviceTypes; ++d) {
+    DeviceState& ds = state().devices[d];
+    ds.enabled = s.enabled[d];
+    ds.cache_enabled = s.cache_enabled[d];
+    ds.dtype = s.dtype[d];
+  }
+}
+}  // namespace
+
+StateGuard::StateGuard(const State& s) : prev_(current_state()) {
+  apply(s);
+  ++state().depth;
+}
+
+StateGuard::~StateGuard() {
+  apply(prev_);
+  if (--state().depth == 0) state().cache.clear();
+}
+
 BodyGuard::BodyGuard() : prev_(state().in_body) { state().in_body = true; }
 BodyGuard::~BodyGuard() { state().in_body = prev_; }
 

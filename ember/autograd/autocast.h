@@ -88,6 +88,26 @@ class BodyGuard {
   bool prev_;
 };
 
+// This thread's autocast settings for every device type, captured and restored as a whole (activation checkpointing
+// re-runs a region during backward with the settings of its first run).
+struct State {
+  bool enabled[kNumDeviceTypes] = {};
+  bool cache_enabled[kNumDeviceTypes] = {};
+  DType dtype[kNumDeviceTypes] = {};
+};
+State current_state();
+// RAII: puts `state` in place for its scope (counting as a region for the cast cache), then restores the previous.
+class StateGuard {
+ public:
+  explicit StateGuard(const State& state);
+  ~StateGuard();
+  StateGuard(const StateGuard&) = delete;
+  StateGuard& operator=(const StateGuard&) = delete;
+
+ private:
+  State prev_;
+};
+
 // Shorthands: cast_for(lower_precision, x) and cast_for(fp32, x).
 inline Tensor lower(const Tensor& x) { return cast_for(AutocastCategory::lower_precision, x); }
 inline Tensor fp32(const Tensor& x) { return cast_for(AutocastCategory::fp32, x); }

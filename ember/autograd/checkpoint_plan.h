@@ -1,0 +1,77 @@
+// The checkpoint planner: for a chain of blocks (a model's layers applied one after another), choose which runs of
+// blocks to recompute so that the activation memory of a training step fits a policy — none, Chen's sqrt(n)
+// segmentation, or a byte budget at the least recompute cost — from one profiled forward; then run the chain under
+// the plan and report it.
+// Invariant: a plan's segments tile [0, n) in order; predicted peaks use the model in Note [Checkpoint memory model].
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "ember/autograd/checkpoint.h"
+
+namespace ember::autograd {
+
+// "none", "sqrt", or "budget:SIZE" with SIZE as memory::parse_bytes takes it ("budget:64MiB", "budget:1.5GB");
+// ConfigError otherwise.
+struct CheckpointPolicy {
+  enum class Kind { none, sqrt, budget };
+  Kind kind = Kind::none;
+  int64_t budget_bytes = 0;  // for budget
+  static CheckpointPolicy parse(const std::string& text);
+  std::string str() const;  // the spelling parse takes
+};
+
+// What one forward through block i costs and keeps (measured by profile_chain).
+struct BlockProfile {
+  int64_t input_bytes = 0;       // the block's input (kept when the block starts a recomputed segment)
+  int64_t activation_bytes = 0;  // bytes of the distinct storages the block's ops save for backward, parameters and
+                                 // the block's input excluded
+  double cost = 0.0;             // forward time, seconds (what a recomputation costs)
+};
+
+// Note [Checkpoint memory model]
+// With segments S_1..S_m, kept segments K and recomputed segments R, the activation memory the plan predicts for a
+// training step is
+//     sum_{s in K} A(s) + sum_{s in R} in(s) + max_{s in R} A(s)
+// where A(s) is the sum of activation_bytes over s's blocks and in(s) the input bytes of its first block: kept
+// segments hold their saved tensors until backward reaches them; a recomputed segment holds only its input, and
+// during backward one recomputed segment at a time holds its saved tensors again. (A(s) of the segment being
+// recomputed while the kept ones are still alive is the worst case; the formula counts it.) Extra compute is the
+// sum of cost over recomputed blocks.
+struct CheckpointSegment {
+  int64_t begin = 0, end = 0;  // blocks [begin, end)
+  bool recompute = false;
+};
+
+struct CheckpointPlan {
+  CheckpointPolicy policy;
+  std::vector<CheckpointSegment> segments;
+  int64_t predicted_peak_bytes = 0;  // the memory model above
+  int64_t no_checkpoint_bytes = 0;   // the same with every block kept
+  double extra_cost = 0.0;           // seconds of forward recomputed per step
+  double forward_cost = 0.0;         // seconds of one forward of the whole chain
+  bool fits = true;                  // budget: the prediction fits (false: the cheapest plan that comes closest)
+  int64_t num_blocks() const { return segments.empty() ? 0 : segments.back().end; }
+  bool recomputes(int64_t block) const;
+  // A readable report: policy, the recomputed segments, predicted peak against no checkpointing, extra compute.
+  std::string to_string() const;
+};
+
+// none: one kept segment. sqrt: Chen et al.'s segmentation — runs of ceil(sqrt(n)) blocks, every run but the last
+// recomputed. budget(B): the plan with the least extra cost whose predicted peak is <= B — dynamic programming over
+// the chain for each candidate largest recomputed segment, with memory counted in units of B/256 rounded up (so a
+// plan said to fit does fit the model); when none fits, the one with the smallest predicted peak, fits = false.
+// ValueError for an empty profile or negative sizes.
+CheckpointPlan plan_checkpoints(const std::vector<BlockProfile>& profile, const CheckpointPolicy& policy);
+
+// One recorded forward through the blocks from x, measuring each block's profile (saved-tensor hooks count the
+// storages saved; a steady clock times each block). The graph is discarded afterwards.
+std::vector<BlockProfile> profile_chain(const std::vector<TensorFn>& blocks, const Tensor& x);
+
+// Runs x through the blocks in order, each recomputed segment of the plan as one checkpointed region. ValueError when
+// the plan does not cover exactly blocks.size() blocks.
+Tensor run_chain(const std::vector<TensorFn>& blocks, const Tensor& x, const CheckpointPlan& plan);
+
+}  // namespace ember::autograd
