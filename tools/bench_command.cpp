@@ -5,6 +5,8 @@
 #include <memory>
 #include <string>
 
+#include "ember/autograd/checkpoint_plan.h"
+#include "ember/base/error.h"
 #include "ember/core/device.h"
 #include "ember/memory/allocator.h"
 #include "ember/train/bench_train.h"
@@ -21,6 +23,7 @@ struct BenchTrainArgs {
   std::string device = "cpu";
   uint64_t seed = 0;
   std::string amp = "none";
+  std::string checkpoint = "none";
   bool json = false;
 };
 
@@ -32,6 +35,7 @@ void run_bench_train(const BenchTrainArgs& a) {
   o.device = Device(a.device);
   o.seed = a.seed;
   o.amp = a.amp;
+  o.checkpoint = a.checkpoint;
   const train::BenchTrainResult r = train::bench_train(o);
   if (a.json) {
     std::printf("%s\n", r.to_json().c_str());
@@ -49,6 +53,10 @@ void run_bench_train(const BenchTrainArgs& a) {
               r.amp.c_str(), memory::format_bytes(r.weights_bytes).c_str(), memory::format_bytes(r.grads_bytes).c_str(),
               memory::format_bytes(r.master_bytes).c_str(), memory::format_bytes(r.optimizer_state_bytes).c_str(),
               memory::format_bytes(r.activation_bytes).c_str(), static_cast<long long>(r.steps_skipped));
+  if (!r.checkpoint_report.empty())
+    std::printf("  %s\n", r.checkpoint_report.c_str());
+  else
+    std::printf("  checkpoint %s\n", r.checkpoint.c_str());
 }
 
 }  // namespace
@@ -65,6 +73,19 @@ void add_bench_command(CLI::App& app) {
   train->add_option("--seed", args->seed, "seed of the model and the batch");
   train->add_option("--amp", args->amp, "mixed precision: none | fp16 | bf16 | autocast-fp16 | autocast-bf16")
       ->check(CLI::IsMember({"none", "fp32", "fp16", "bf16", "autocast-fp16", "autocast-bf16"}));
+  train->add_option("--checkpoint", args->checkpoint,
+                    "activation checkpointing: none | sqrt | budget:SIZE (e.g. budget:8MiB), planned once before the "
+                    "first step")
+      ->check(CLI::Validator(
+          [](std::string& text) -> std::string {
+            try {
+              autograd::CheckpointPolicy::parse(text);
+              return {};
+            } catch (const Error& e) {
+              return e.what();
+            }
+          },
+          "none|sqrt|budget:SIZE"));
   train->add_flag("--json", args->json, "print one JSON line");
   train->callback([args] { run_bench_train(*args); });
 }

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "ember/autograd/checkpoint_plan.h"
 #include "ember/autograd/functions.h"
 #include "ember/base/error.h"
 #include "ember/nn/module.h"
@@ -285,8 +286,19 @@ class Sequential : public Module {
   auto begin() const { return modules_.begin(); }
   auto end() const { return modules_.end(); }
 
+  // Activation checkpointing (autograd/checkpoint_plan.h), each child one block: with a plan installed, forward runs
+  // the children as a chain under it. set_checkpoint_plan raises ValueError unless the plan covers exactly size()
+  // blocks; an empty plan (no segments) uninstalls. plan_checkpointing profiles the children once on x (a recorded
+  // forward; the default generator's state is left as it was), plans for `policy`, installs the plan and returns it.
+  void set_checkpoint_plan(autograd::CheckpointPlan plan);
+  const autograd::CheckpointPlan& checkpoint_plan() const { return checkpoint_plan_; }
+  autograd::CheckpointPlan plan_checkpointing(const Tensor& x, const autograd::CheckpointPolicy& policy);
+
  private:
+  std::vector<autograd::TensorFn> chain() const;  // the children as functions (holding the modules)
+
   std::vector<std::shared_ptr<Module>> modules_;
+  autograd::CheckpointPlan checkpoint_plan_;  // no segments: none installed
 };
 
 // A list of modules named "0", "1", ...; registers them (parameters, to(), state_dict) but has no forward.

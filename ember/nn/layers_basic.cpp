@@ -123,9 +123,29 @@ std::string Flatten::extra_repr() const {
 // ---- containers --------------------------------------------------------------------------------------------------
 
 Tensor Sequential::forward(const Tensor& x) {
+  if (!checkpoint_plan_.segments.empty()) return autograd::run_chain(chain(), x, checkpoint_plan_);
   Tensor out = x;
   for (const auto& m : modules_) out = m->forward(out);
   return out;
+}
+
+std::vector<autograd::TensorFn> Sequential::chain() const {
+  std::vector<autograd::TensorFn> fns;
+  for (const std::shared_ptr<Module>& m : modules_) fns.push_back([m](const Tensor& in) { return m->forward(in); });
+  return fns;
+}
+
+void Sequential::set_checkpoint_plan(autograd::CheckpointPlan plan) {
+  EMBER_CHECK(plan.segments.empty() || plan.num_blocks() == static_cast<int64_t>(modules_.size()), ValueError,
+              "Sequential::set_checkpoint_plan: the plan covers ", plan.num_blocks(), " blocks but the Sequential has ",
+              modules_.size(), " modules");
+  checkpoint_plan_ = std::move(plan);
+}
+
+autograd::CheckpointPlan Sequential::plan_checkpointing(const Tensor& x, const autograd::CheckpointPolicy& policy) {
+  autograd::CheckpointPlan plan = autograd::plan_checkpoints(autograd::profile_chain(chain(), x), policy);
+  set_checkpoint_plan(plan);
+  return plan;
 }
 
 const std::shared_ptr<Module>& Sequential::operator[](size_t i) const {

@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "ember/base/error.h"
+#include "ember/core/generator.h"
 #include "ember/core/grad_mode.h"
 #include "ember/nn/functional.h"
 #include "ember/nn/init.h"
@@ -132,7 +133,7 @@ void GPT::init_weights() {
   }
 }
 
-Tensor GPT::forward(const Tensor& idx) {
+Tensor GPT::embed(const Tensor& idx) {
   EMBER_CHECK(idx.defined() && idx.dtype() == DType::i64, DTypeError, "GPT: idx must be an i64 tensor of token ids",
               idx.defined() ? std::string(", got ") + dtype_name(idx.dtype()) : std::string());
   EMBER_CHECK(idx.dim() == 2, ShapeError, "GPT: idx must be [B, T], got ", shape_str(idx.sizes()));
@@ -142,10 +143,49 @@ Tensor GPT::forward(const Tensor& idx) {
   const Tensor pos = arange(T, TensorOptions(DType::i64, idx.device()));
   const Tensor tok_emb = transformer->wte->forward(idx);  // [B, T, C]
   const Tensor pos_emb = transformer->wpe->forward(pos);  // [T, C]
-  Tensor x = transformer->drop->forward(add(tok_emb, pos_emb));
-  for (const auto& block : *transformer->h) x = block->forward(x);
+  return transformer->drop->forward(add(tok_emb, pos_emb));
+}
+
+std::vector<autograd::TensorFn> GPT::block_chain() {
+  std::vector<autograd::TensorFn> fns;
+  for (const std::shared_ptr<Module>& block : *transformer->h)
+    fns.push_back([block](const Tensor& x) { return block->forward(x); });
+  return fns;
+}
+
+Tensor GPT::forward(const Tensor& idx) {
+  Tensor x = embed(idx);
+  if (!checkpoint_plan_.segments.empty()) {
+    x = autograd::run_chain(block_chain(), x, checkpoint_plan_);
+  } else {
+    for (const auto& block : *transformer->h) x = block->forward(x);
+  }
   x = transformer->ln_f->forward(x);
   return lm_head->forward(x);  // [B, T, vocab_size]
+}
+
+void GPT::set_checkpoint_plan(autograd::CheckpointPlan plan) {
+  EMBER_CHECK(plan.segments.empty() || plan.num_blocks() == config.n_layer, ValueError, "GPT::set_checkpoint_plan: ",
+              "the plan covers ", plan.num_blocks(), " blocks but the model has n_layer = ", config.n_layer);
+  checkpoint_plan_ = std::move(plan);
+}
+
+autograd::CheckpointPlan GPT::plan_checkpointing(const Tensor& idx, const autograd::CheckpointPolicy& policy) {
+  std::vector<autograd::BlockProfile> profile;
+  {
+    const PhiloxState rng = default_generator().state();  // the embedding dropout draws too
+    try {
+      AutoGradMode grad_on(true);
+      profile = autograd::profile_chain(block_chain(), embed(idx));
+    } catch (...) {
+      default_generator().set_state(rng);
+      throw;
+    }
+    default_generator().set_state(rng);
+  }
+  autograd::CheckpointPlan plan = autograd::plan_checkpoints(profile, policy);
+  set_checkpoint_plan(plan);
+  return plan;
 }
 
 GPTOutput GPT::forward(const Tensor& idx, const Tensor& targets) {

@@ -8,6 +8,7 @@
 #include <optional>
 #include <vector>
 
+#include "ember/autograd/checkpoint_plan.h"
 #include "ember/nn/layers.h"
 #include "ember/nn/module.h"
 
@@ -121,12 +122,24 @@ class GPT : public Module {
   Tensor generate(const Tensor& idx, int64_t max_new_tokens, double temperature = 1.0,
                   std::optional<int64_t> top_k = std::nullopt, uint64_t seed = 1337);
 
+  // Activation checkpointing (autograd/checkpoint_plan.h): with a plan installed, forward runs the blocks
+  // transformer.h as a chain under it — each recomputed segment one checkpointed region. set_checkpoint_plan raises
+  // ValueError unless the plan covers exactly n_layer blocks; an empty plan (no segments) uninstalls.
+  void set_checkpoint_plan(autograd::CheckpointPlan plan);
+  const autograd::CheckpointPlan& checkpoint_plan() const { return checkpoint_plan_; }
+  // Profiles the blocks once on the embeddings of idx (a recorded forward; the default generator's state is left as
+  // it was), plans for `policy`, installs the plan and returns it.
+  autograd::CheckpointPlan plan_checkpointing(const Tensor& idx, const autograd::CheckpointPolicy& policy);
+
   GPTConfig config;
   std::shared_ptr<GPTTransformer> transformer;
   std::shared_ptr<TiedLinear> lm_head;
 
  private:
   void init_weights();
+  Tensor embed(const Tensor& idx);                 // drop(wte(idx) + wpe(positions)), checking idx
+  std::vector<autograd::TensorFn> block_chain();  // the blocks as a chain of functions (holding the modules)
+  autograd::CheckpointPlan checkpoint_plan_;      // no segments: none installed
 };
 
 }  // namespace ember::nn

@@ -10,10 +10,12 @@
 #include <nlohmann/json.hpp>
 #include <vector>
 
+#include "ember/autograd/checkpoint_plan.h"
 #include "ember/core/generator.h"
 #include "ember/core/grad_mode.h"
 #include "ember/memory/cuda_device.h"
 #include "ember/nn/functional.h"
+#include "ember/nn/layers.h"
 #include "ember/nn/models.h"
 #include "ember/nn/transformer.h"
 #include "ember/optim/adam.h"
@@ -69,6 +71,31 @@ double peak_rss_mib() {
   return static_cast<double>(u.ru_maxrss) / 1024.0;  // ru_maxrss is in KiB on Linux
 }
 
+// Makes the task's checkpoint plan from its batch (under the trainer's autocast, so the profile sees the step's
+// dtypes) and installs it — except for none, which only reports the prediction and leaves the forward as it was.
+// Returns the plan (no segments when nothing was profiled).
+autograd::CheckpointPlan plan_checkpointing(StandardTask& task, const AmpTrainer& trainer,
+                                            const autograd::CheckpointPolicy& policy) {
+  nn::Module* model = task.model.get();
+  auto* gpt = dynamic_cast<nn::GPT*>(model);
+  auto* seq = dynamic_cast<nn::Sequential*>(model);
+  if (!gpt && !seq) {
+    EMBER_CHECK(policy.kind == autograd::CheckpointPolicy::Kind::none, ValueError, "bench train --checkpoint ",
+                policy.str(), ": the ", task.name, " config has no block chain");
+    return {};
+  }
+  autograd::CheckpointPlan plan;
+  {
+    AutocastGuard region = trainer.autocast();
+    plan = gpt ? gpt->plan_checkpointing(task.inputs, policy) : seq->plan_checkpointing(task.inputs, policy);
+  }
+  if (policy.kind == autograd::CheckpointPolicy::Kind::none) {
+    if (gpt) gpt->set_checkpoint_plan({});
+    if (seq) seq->set_checkpoint_plan({});
+  }
+  return plan;
+}
+
 }  // namespace
 
 BenchTrainResult bench_train(const BenchTrainOptions& o) {
@@ -83,6 +110,8 @@ BenchTrainResult bench_train(const BenchTrainOptions& o) {
                      },
                      mode);
   memory::Allocator& alloc = allocator_for(o.device);
+  const autograd::CheckpointPolicy policy = autograd::CheckpointPolicy::parse(o.checkpoint);
+  const autograd::CheckpointPlan plan = plan_checkpointing(task, trainer, policy);
 
   BenchTrainResult r;
   r.model = o.model;
@@ -91,6 +120,9 @@ BenchTrainResult bench_train(const BenchTrainOptions& o) {
   r.steps = o.steps;
   r.batch = task.batch;
   r.parameters = task.model->num_parameters();
+  r.checkpoint = policy.str();
+  r.predicted_peak_bytes = plan.predicted_peak_bytes;
+  if (!plan.segments.empty()) r.checkpoint_report = plan.to_string();
   std::vector<double> ms;
   for (int64_t i = 0; i < o.warmup + o.steps; ++i) {
     if (i == o.warmup) {
@@ -157,6 +189,8 @@ std::string BenchTrainResult::to_json() const {
   j["optimizer_state_bytes"] = optimizer_state_bytes;
   j["activation_bytes"] = activation_bytes;
   j["steps_skipped"] = steps_skipped;
+  j["checkpoint"] = checkpoint;
+  j["predicted_peak_bytes"] = predicted_peak_bytes;
   return j.dump();
 }
 

@@ -33,6 +33,10 @@ struct BenchTrainOptions {
   Device device = Device::cpu();
   uint64_t seed = 0;
   std::string amp = "none";  // a mode parse_amp_mode takes (train/amp.h): none, fp16, bf16, autocast-fp16/-bf16
+  // Activation checkpointing: a policy CheckpointPolicy::parse takes (none, sqrt, budget:SIZE). The plan is made once
+  // from the task's batch before the first step (mlp: the Sequential's children are the blocks; gpt: its
+  // transformer blocks; cnn: ValueError unless none).
+  std::string checkpoint = "none";
 };
 
 struct BenchTrainResult {
@@ -48,11 +52,17 @@ struct BenchTrainResult {
   // optimizer state; activations = the bytes the last forward left allocated (saved for backward, and its outputs).
   int64_t weights_bytes = 0, grads_bytes = 0, master_bytes = 0, optimizer_state_bytes = 0, activation_bytes = 0;
   int64_t steps_skipped = 0;  // steps skipped for NaN/inf gradients (loss-scaled modes)
+  std::string checkpoint = "none";
+  // The checkpoint plan's predicted activation peak (Note [Checkpoint memory model]); for none the prediction without
+  // checkpointing; 0 for cnn, which is not profiled.
+  int64_t predicted_peak_bytes = 0;
+  std::string checkpoint_report;  // the plan's to_string() (empty when nothing was profiled); not in the JSON
   std::string to_json() const;  // one line
 };
 
 // Times AdamW (lr 1e-3) training steps — forward, backward, optimizer step, zero_grad(set_to_none) — of the
-// standard config `options.model`, in the mixed-precision mode `options.amp` (ConfigError for an unknown one).
+// standard config `options.model`, in the mixed-precision mode `options.amp` (ConfigError for an unknown one), under
+// the checkpoint policy `options.checkpoint` (ConfigError for a bad spelling).
 BenchTrainResult bench_train(const BenchTrainOptions& options);
 
 }  // namespace ember::train

@@ -1,0 +1,321 @@
+// The checkpoint planner on hand-made profiles: sqrt segmentations listed by hand, a budget example whose optimum
+// is checked by hand (and where the greedy choice is wrong), predicted peaks against Note [Checkpoint memory model]
+// evaluated by hand, an infeasible budget, random profiles against brute-force enumeration, policy spelling, and
+// profile_chain's byte counts on ops whose saved tensors are known.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstdio>
+#include <functional>
+#include <random>
+#include <vector>
+
+#include "ember/autograd/checkpoint_plan.h"
+#include "ember/autograd/functions.h"
+#include "ember/ember.h"
+#include "ember/core/generator.h"
+
+namespace ember::testing {
+namespace {
+
+using autograd::BlockProfile;
+using autograd::CheckpointPlan;
+using autograd::CheckpointPolicy;
+using autograd::CheckpointSegment;
+using autograd::plan_checkpoints;
+
+constexpr int64_t KiB = 1024;
+
+struct Seg {
+  int64_t begin, end;
+  bool recompute;
+};
+
+void expect_segments(const CheckpointPlan& plan, const std::vector<Seg>& want) {
+  ASSERT_EQ(plan.segments.size(), want.size()) << plan.to_string();
+  for (size_t i = 0; i < want.size(); ++i) {
+    EXPECT_EQ(plan.segments[i].begin, want[i].begin) << "segment " << i << "\n" << plan.to_string();
+    EXPECT_EQ(plan.segments[i].end, want[i].end) << "segment " << i << "\n" << plan.to_string();
+    EXPECT_EQ(plan.segments[i].recompute, want[i].recompute) << "segment " << i << "\n" << plan.to_string();
+  }
+}
+
+std::vector<BlockProfile> uniform_profile(int64_t n, int64_t in, int64_t act, double cost = 1.0) {
+  return std::vector<BlockProfile>(n, BlockProfile{in, act, cost});
+}
+
+// The memory model written out again, independently: kept activations + recomputed inputs + largest recomputed.
+int64_t model_peak(const std::vector<BlockProfile>& p, const std::vector<Seg>& segs) {
+  int64_t kept = 0, inputs = 0, largest = 0;
+  for (const Seg& s : segs) {
+    int64_t a = 0;
+    for (int64_t i = s.begin; i < s.end; ++i) a += p[i].activation_bytes;
+    if (s.recompute) {
+      inputs += p[s.begin].input_bytes;
+      if (a > largest) largest = a;
+    } else {
+      kept += a;
+    }
+  }
+  return kept + inputs + largest;
+}
+
+std::vector<Seg> segs_of(const CheckpointPlan& plan) {
+  std::vector<Seg> out;
+  for (const CheckpointSegment& s : plan.segments) out.push_back({s.begin, s.end, s.recompute});
+  return out;
+}
+
+// ---- none and sqrt ---------------------------------------------------------------------------------------------
+
+TEST(CheckpointPlan, NoneKeepsEverything) {
+  const auto p = uniform_profile(7, 10, 100);
+  const CheckpointPlan plan = plan_checkpoints(p, CheckpointPolicy::parse("none"));
+  expect_segments(plan, {{0, 7, false}});
+  EXPECT_EQ(plan.predicted_peak_bytes, 700);
+  EXPECT_EQ(plan.no_checkpoint_bytes, 700);
+  EXPECT_EQ(plan.extra_cost, 0.0);
+  EXPECT_EQ(plan.forward_cost, 7.0);
+  EXPECT_TRUE(plan.fits);
+  EXPECT_FALSE(plan.recomputes(3));
+}
+
+TEST(CheckpointPlan, SqrtSegmentsByHand) {
+  const CheckpointPolicy sqrt = CheckpointPolicy::parse("sqrt");
+  // n = 1: k = 1, the only run is the last one: nothing recomputed.
+  expect_segments(plan_checkpoints(uniform_profile(1, 10, 100), sqrt), {{0, 1, false}});
+  // n = 4: k = 2.
+  expect_segments(plan_checkpoints(uniform_profile(4, 10, 100), sqrt), {{0, 2, true}, {2, 4, false}});
+  // n = 10: k = ceil(3.16) = 4.
+  expect_segments(plan_checkpoints(uniform_profile(10, 10, 100), sqrt),
+                  {{0, 4, true}, {4, 8, true}, {8, 10, false}});
+  // n = 32: k = ceil(5.66) = 6.
+  const auto p32 = uniform_profile(32, 10, 100, 0.5);
+  const CheckpointPlan plan = plan_checkpoints(p32, sqrt);
+  expect_segments(plan, {{0, 6, true}, {6, 12, true}, {12, 18, true}, {18, 24, true}, {24, 30, true},
+                         {30, 32, false}});
+  // By hand: kept 2 * 100, five recomputed inputs 5 * 10, the largest recomputed segment 6 * 100.
+  EXPECT_EQ(plan.predicted_peak_bytes, 200 + 50 + 600);
+  EXPECT_EQ(plan.no_checkpoint_bytes, 3200);
+  EXPECT_DOUBLE_EQ(plan.extra_cost, 30 * 0.5);
+  EXPECT_DOUBLE_EQ(plan.forward_cost, 32 * 0.5);
+  EXPECT_TRUE(plan.recomputes(29));
+  EXPECT_FALSE(plan.recomputes(30));
+  EXPECT_THROW(plan.recomputes(32), IndexError);
+  // n = 9 (a perfect square): k = 3 exactly.
+  expect_segments(plan_checkpoints(uniform_profile(9, 10, 100), sqrt), {{0, 3, true}, {3, 6, true}, {6, 9, false}});
+}
+
+// ---- budget ------------------------------------------------------------------------------------------------------
+
+// Five blocks (KiB): activations 20, 60, 40, 30, 50; inputs 10 each; costs 3, 1, 3, 2, 3. No checkpointing: 200.
+std::vector<BlockProfile> five_blocks() {
+  const int64_t a[] = {20, 60, 40, 30, 50};
+  const double c[] = {3, 1, 3, 2, 3};
+  std::vector<BlockProfile> p;
+  for (int i = 0; i < 5; ++i) p.push_back({10 * KiB, a[i] * KiB, c[i]});
+  return p;
+}
+
+TEST(CheckpointPlan, BudgetOptimumByHand) {
+  const auto p = five_blocks();
+  // Budget 195 KiB. By hand: recomputing one block alone never helps here (it saves A_i but costs its input and
+  // brings A_i back as the largest recomputed segment: 200 + 10 = 210 > 195 for every block), so at least two
+  // segments are recomputed. Costs 1 (block 1) and 2 (block 3) are the two cheapest; {1, 3} costs 3 and predicts
+  // kept 20 + 40 + 50 + inputs 10 + 10 + largest 60 = 190 <= 195. No other set costs <= 3 and fits (every other
+  // set of cost 3 is a single block), so the optimum is unique: extra cost 3, peak 190 KiB.
+  // Greedy by bytes saved per second (block 1: 60/1, then block 4: 50/3) stops at {1, 4}: peak 170 KiB but cost 4.
+  const CheckpointPlan plan = plan_checkpoints(p, CheckpointPolicy::parse("budget:195KiB"));
+  expect_segments(plan, {{0, 1, false}, {1, 2, true}, {2, 3, false}, {3, 4, true}, {4, 5, false}});
+  EXPECT_DOUBLE_EQ(plan.extra_cost, 3.0);
+  EXPECT_EQ(plan.predicted_peak_bytes, 190 * KiB);
+  EXPECT_EQ(plan.predicted_peak_bytes, model_peak(p, segs_of(plan)));
+  EXPECT_EQ(plan.no_checkpoint_bytes, 200 * KiB);
+  EXPECT_DOUBLE_EQ(plan.forward_cost, 12.0);
+  EXPECT_TRUE(plan.fits);
+
+  // A budget the whole chain fits in: nothing is recomputed.
+  const CheckpointPlan roomy = plan_checkpoints(p, CheckpointPolicy::parse("budget:1MiB"));
+  expect_segments(roomy, {{0, 5, false}});
+  EXPECT_EQ(roomy.predicted_peak_bytes, 200 * KiB);
+  EXPECT_EQ(roomy.extra_cost, 0.0);
+}
+
+TEST(CheckpointPlan, PredictedPeaksFollowTheNote) {
+  const auto p = five_blocks();
+  // sqrt, n = 5, k = 3: [0, 3) recomputed, [3, 5) kept. Kept 30 + 50, input 10, largest 20 + 60 + 40 = 120.
+  const CheckpointPlan sqrt = plan_checkpoints(p, CheckpointPolicy::parse("sqrt"));
+  expect_segments(sqrt, {{0, 3, true}, {3, 5, false}});
+  EXPECT_EQ(sqrt.predicted_peak_bytes, (80 + 10 + 120) * KiB);
+  EXPECT_DOUBLE_EQ(sqrt.extra_cost, 3 + 1 + 3);
+  // none: 200.
+  EXPECT_EQ(plan_checkpoints(p, CheckpointPolicy{}).predicted_peak_bytes, 200 * KiB);
+}
+
+TEST(CheckpointPlan, InfeasibleBudgetGivesTheSmallestPeak) {
+  const auto p = five_blocks();
+  // By hand, the smallest peak is 110 KiB: every block recomputed (inputs 5 * 10 + largest 60 = 110), or the same
+  // peak with segments of at most 80 KiB (e.g. [0, 2) [2, 4) [4, 5): 30 + 80). A kept block adds its >= 20 KiB and
+  // saves at most one 10 KiB input, so keeping anything only raises it.
+  const CheckpointPlan plan = plan_checkpoints(p, CheckpointPolicy::parse("budget:100KiB"));
+  EXPECT_FALSE(plan.fits);
+  EXPECT_EQ(plan.predicted_peak_bytes, 110 * KiB) << plan.to_string();
+  EXPECT_EQ(plan.predicted_peak_bytes, model_peak(p, segs_of(plan)));
+  for (const CheckpointSegment& s : plan.segments) EXPECT_TRUE(s.recompute);
+  EXPECT_DOUBLE_EQ(plan.extra_cost, 12.0);
+  EXPECT_NE(plan.to_string().find("does NOT fit"), std::string::npos) << plan.to_string();
+
+  // A zero budget is infeasible too, with the same closest plan.
+  EXPECT_EQ(plan_checkpoints(p, CheckpointPolicy::parse("budget:0")).predicted_peak_bytes, 110 * KiB);
+}
+
+// All segmentations with recompute flags (adjacent kept segments merged away), brute force.
+void enumerate(int64_t n, const std::function<void(const std::vector<Seg>&)>& visit) {
+  for (uint32_t cuts = 0; cuts < (1u << (n - 1)); ++cuts) {
+    std::vector<std::pair<int64_t, int64_t>> ranges;
+    int64_t b = 0;
+    for (int64_t i = 1; i < n; ++i)
+      if (cuts & (1u << (i - 1))) {
+        ranges.push_back({b, i});
+        b = i;
+      }
+    ranges.push_back({b, n});
+    const size_t m = ranges.size();
+    for (uint32_t flags = 0; flags < (1u << m); ++flags) {
+      std::vector<Seg> segs;
+      for (size_t k = 0; k < m; ++k) segs.push_back({ranges[k].first, ranges[k].second, bool(flags & (1u << k))});
+      visit(segs);
+    }
+  }
+}
+
+double model_cost(const std::vector<BlockProfile>& p, const std::vector<Seg>& segs) {
+  double c = 0;
+  for (const Seg& s : segs)
+    if (s.recompute)
+      for (int64_t i = s.begin; i < s.end; ++i) c += p[i].cost;
+  return c;
+}
+
+TEST(CheckpointPlan, RandomProfilesAgainstBruteForce) {
+  const uint32_t seed = 20261121;
+  std::printf("seed %u\n", seed);
+  std::mt19937 rng(seed);
+  for (int trial = 0; trial < 150; ++trial) {
+    const int64_t n = 1 + trial % 7;
+    std::vector<BlockProfile> p;
+    int64_t total = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      p.push_back({int64_t(rng() % 40 + 1) * KiB, int64_t(rng() % 100) * KiB, double(rng() % 9 + 1) * 0.25});
+      total += p.back().activation_bytes;
+    }
+    const int64_t budget = int64_t(rng() % uint32_t(total + 1)) + 30 * KiB;
+    // The rounding of Note [Budget DP] costs at most one unit (budget / 256, rounded up) per segment.
+    const int64_t slack = n * ((budget + 255) / 256);
+    double best_cost = 1e300, best_cost_tight = 1e300;
+    int64_t min_peak = INT64_MAX;
+    enumerate(n, [&](const std::vector<Seg>& segs) {
+      const int64_t peak = model_peak(p, segs);
+      const double cost = model_cost(p, segs);
+      min_peak = std::min(min_peak, peak);
+      if (peak <= budget) best_cost = std::min(best_cost, cost);
+      if (peak + slack <= budget) best_cost_tight = std::min(best_cost_tight, cost);
+    });
+    const CheckpointPlan plan =
+        plan_checkpoints(p, CheckpointPolicy{CheckpointPolicy::Kind::budget, budget});
+    SCOPED_TRACE("trial " + std::to_string(trial) + "\n" + plan.to_string());
+    ASSERT_EQ(plan.num_blocks(), n);
+    EXPECT_EQ(plan.predicted_peak_bytes, model_peak(p, segs_of(plan)));
+    EXPECT_NEAR(plan.extra_cost, model_cost(p, segs_of(plan)), 1e-9);
+    if (best_cost < 1e300) {
+      EXPECT_TRUE(plan.fits);
+      EXPECT_LE(plan.predicted_peak_bytes, budget);
+      EXPECT_GE(plan.extra_cost, best_cost - 1e-9);  // nothing beats the true optimum
+      if (best_cost_tight < 1e300) EXPECT_LE(plan.extra_cost, best_cost_tight + 1e-9);
+    } else {
+      EXPECT_FALSE(plan.fits);
+      EXPECT_EQ(plan.predicted_peak_bytes, min_peak);
+    }
+  }
+}
+
+TEST(CheckpointPlan, LongChainsPlanQuickly) {
+  // 128 blocks of uneven sizes: the budget DP with its pruning (Note [Budget DP]) — no timing asserted, the time is
+  // printed; the plan must fit and beat sqrt's peak at a budget between sqrt's and none's.
+  std::mt19937 rng(7);
+  std::vector<BlockProfile> p;
+  for (int i = 0; i < 128; ++i)
+    p.push_back({int64_t(rng() % 64 + 32) * KiB, int64_t(rng() % 512 + 64) * KiB, 1e-3 * double(rng() % 10 + 1)});
+  const CheckpointPlan sqrt = plan_checkpoints(p, CheckpointPolicy::parse("sqrt"));
+  const int64_t budget = (sqrt.predicted_peak_bytes + sqrt.no_checkpoint_bytes) / 2;
+  const auto t0 = std::chrono::steady_clock::now();
+  const CheckpointPlan plan = plan_checkpoints(p, CheckpointPolicy{CheckpointPolicy::Kind::budget, budget});
+  const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  std::printf("budget plan for 128 blocks: %.1f ms\n%s\n", ms, plan.to_string().c_str());
+  EXPECT_TRUE(plan.fits);
+  EXPECT_LE(plan.predicted_peak_bytes, budget);
+  EXPECT_LT(plan.extra_cost, sqrt.extra_cost);
+}
+
+TEST(CheckpointPlan, RejectsBadProfiles) {
+  EXPECT_THROW(plan_checkpoints({}, CheckpointPolicy{}), ValueError);
+  EXPECT_THROW(plan_checkpoints({{-1, 0, 0.0}}, CheckpointPolicy{}), ValueError);
+  EXPECT_THROW(plan_checkpoints({{0, -1, 0.0}}, CheckpointPolicy{}), ValueError);
+}
+
+// ---- policy spelling -------------------------------------------------------------------------------------------
+
+TEST(CheckpointPolicy, ParseAndStrRoundTrip) {
+  EXPECT_EQ(CheckpointPolicy::parse("none").kind, CheckpointPolicy::Kind::none);
+  EXPECT_EQ(CheckpointPolicy::parse("sqrt").kind, CheckpointPolicy::Kind::sqrt);
+  const CheckpointPolicy b = CheckpointPolicy::parse("budget:64MiB");
+  EXPECT_EQ(b.kind, CheckpointPolicy::Kind::budget);
+  EXPECT_EQ(b.budget_bytes, 64 * KiB * KiB);
+  EXPECT_EQ(CheckpointPolicy::parse("budget:1.5GB").budget_bytes, 3 * KiB * KiB * KiB / 2);
+  for (const char* text : {"none", "sqrt", "budget:64MiB", "budget:1536MiB", "budget:3GiB", "budget:12345",
+                           "budget:0", "budget:8KiB"}) {
+    const CheckpointPolicy p = CheckpointPolicy::parse(text);
+    EXPECT_EQ(p.str(), text);
+    const CheckpointPolicy q = CheckpointPolicy::parse(p.str());
+    EXPECT_EQ(q.kind, p.kind);
+    EXPECT_EQ(q.budget_bytes, p.budget_bytes);
+  }
+  EXPECT_EQ(CheckpointPolicy::parse("budget:1.5GB").str(), "budget:1536MiB");
+}
+
+TEST(CheckpointPolicy, BadStringsAreConfigErrors) {
+  for (const char* text : {"", "None", "sqrt2", "budget", "budget:", "budget:-4MiB", "budget:lots", "budget:4XB",
+                           "budget 4MiB", "recompute"})
+    EXPECT_THROW(CheckpointPolicy::parse(text), ConfigError) << text;
+}
+
+// ---- profile_chain ---------------------------------------------------------------------------------------------
+
+TEST(ProfileChain, CountsSavedActivationsNotParametersOrInputs) {
+  // Block: relu(x * w) with x [64, 64] f32 and a parameter w [64]. mul saves x (the block's input: excluded) and w
+  // (a leaf that requires grad: excluded); relu saves its output (an activation: 64 * 64 * 4 bytes).
+  // Second block: exp saves its output (an activation).
+  Tensor w = uniform({64}, 0.5, 1.5, DType::f32);
+  w.requires_grad_();
+  const Tensor x = uniform({64, 64}, -1.0, 1.0, DType::f32);
+  std::vector<autograd::TensorFn> blocks = {
+      [w](const Tensor& t) { return relu(t * w); },
+      [](const Tensor& t) { return exp(t); },  // exp saves its output
+      [w](const Tensor& t) { return relu(t * w); },
+  };
+  const uint64_t offset_before = default_generator().state().offset;
+  const auto prof = autograd::profile_chain(blocks, x);
+  ASSERT_EQ(prof.size(), 3u);
+  const int64_t act = 64 * 64 * 4;
+  EXPECT_EQ(prof[0].input_bytes, act);
+  EXPECT_EQ(prof[0].activation_bytes, act);
+  EXPECT_EQ(prof[1].input_bytes, act);
+  EXPECT_EQ(prof[1].activation_bytes, act);
+  EXPECT_EQ(prof[2].activation_bytes, act);
+  for (const auto& b : prof) EXPECT_GE(b.cost, 0.0);
+  EXPECT_EQ(default_generator().state().offset, offset_before);
+  EXPECT_FALSE(w.grad().defined());  // profiling runs no backward
+}
+
+}  // namespace
+}  // namespace ember::testing
