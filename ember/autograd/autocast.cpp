@@ -166,14 +166,19 @@ void apply(const State& s) {
 }
 }  // namespace
 
-StateGuard::StateGuard(const State& s) : prev_(current_state()) {
+StateGuard::StateGuard(const State& s) : prev_(current_state()), prev_depth_(state().depth) {
+  using Cache = std::unordered_map<const TensorImpl*, CacheEntry>;
+  prev_cache_ = std::make_shared<Cache>(std::move(state().cache));
+  state().cache.clear();
   apply(s);
-  ++state().depth;
+  state().depth = 1;
 }
 
 StateGuard::~StateGuard() {
+  using Cache = std::unordered_map<const TensorImpl*, CacheEntry>;
   apply(prev_);
-  if (--state().depth == 0) state().cache.clear();
+  state().depth = prev_depth_;
+  state().cache = std::move(*std::static_pointer_cast<Cache>(prev_cache_));
 }
 
 BodyGuard::BodyGuard() : prev_(state().in_body) { state().in_body = true; }

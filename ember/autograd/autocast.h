@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <initializer_list>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -96,7 +97,8 @@ struct State {
   DType dtype[kNumDeviceTypes] = {};
 };
 State current_state();
-// RAII: puts `state` in place for its scope (counting as a region for the cast cache), then restores the previous.
+// RAII: puts `state` in place for its scope with an empty cast cache of its own (casts made inside — of a
+// recomputation's fresh inputs — die with it), then restores the previous state and cache.
 class StateGuard {
  public:
   explicit StateGuard(const State& state);
@@ -106,6 +108,8 @@ class StateGuard {
 
  private:
   State prev_;
+  int prev_depth_;
+  std::shared_ptr<void> prev_cache_;  // the enclosing cache, parked
 };
 
 // Shorthands: cast_for(lower_precision, x) and cast_for(fp32, x).

@@ -36,25 +36,11 @@ struct SavedRecord {
   DType dtype;
 };
 
-// Puts the default generator in `state` for its scope and then back where it was (Note [Checkpoint RNG]).
-class GeneratorStateGuard {
- public:
-  explicit GeneratorStateGuard(PhiloxState state) : prev_(default_generator().state()) {
-    default_generator().set_state(state);
-  }
-  ~GeneratorStateGuard() { default_generator().set_state(prev_); }
-  GeneratorStateGuard(const GeneratorStateGuard&) = delete;
-  GeneratorStateGuard& operator=(const GeneratorStateGuard&) = delete;
-
- private:
-  PhiloxState prev_;
-};
-
 // Note [Checkpoint RNG]
-// The Philox state (seed, offset) of the default generator is captured before the first run and set for the
-// recomputation, so every random op in the region (dropout) reserves the same counters and draws the same values.
-// The generator is put back afterwards: a backward pass leaves the generator exactly where the forward left it, as
-// it would without checkpointing.
+// Every random draw the region's first run makes on this thread (from any generator: dropout uses the default one)
+// is logged (DrawRecorder, Note [Draw log] in core/generator.h), and the recomputation replays the log (DrawReplay):
+// the same Philox states in the same order, so the same masks, and no generator moves — whatever other threads
+// drew in between, and a backward pass leaves every generator exactly where it would be without checkpointing.
 
 struct Frame;
 struct Handle {
@@ -66,13 +52,19 @@ struct Frame {
   RegionFn fn;
   std::vector<SavedTensor> inputs;  // packed by the enclosing hooks, if any (nested regions)
   std::vector<bool> input_requires_grad;
-  PhiloxState rng;
+  std::vector<DrawRecord> draws;     // Note [Checkpoint RNG]
+  bool first_run = true;             // fn is still running its forward
+  std::vector<Tensor> stash;         // saved tensors of the first run, only while it runs (Note [Unpack in forward])
   autocast::State autocast_state;
   std::vector<SavedRecord> records;  // what the first run saved, in op order
   std::vector<Tensor> slots;         // filled by a recomputation, emptied as backward unpacks them
 
+  // Note [Unpack in forward]
+  // A region may itself run a backward (autograd::grad inside fn) before its first run ends; the tensors it saved
+  // so far are then still at hand in the stash, which is dropped as soon as fn returns.
   Tensor unpack(size_t index) {
     EMBER_CHECK(index < records.size(), IndexError, "checkpoint: saved tensor ", index, " of ", records.size());
+    if (first_run) return stash[index];
     if (slots.size() != records.size() || !slots[index].defined()) recompute();
     Tensor t = std::move(slots[index]);
     slots[index] = Tensor();
@@ -102,7 +94,7 @@ struct Frame {
     size_t count = 0;
     {
       AutoGradMode grad_mode(true);
-      GeneratorStateGuard rng_guard(rng);
+      DrawReplay replay(draws);
       autocast::StateGuard autocast_guard(autocast_state);
       SavedTensorHooksGuard hooks(
           [this, &fresh, &count](const Tensor& t) -> std::any {
@@ -116,17 +108,23 @@ struct Frame {
                         " (in op order) as ", dtype_name(t.dtype()), shape_str(t.sizes()), ", but the first run saved ",
                         dtype_name(r.dtype), shape_str(r.sizes), ". ", hint());
             fresh[count++] = t;
-            return std::any();
+            return std::any(t);  // the recomputed graph is dropped with fn's outputs, unless fn runs a backward itself
           },
-          [](const std::any&) -> Tensor {
-            EMBER_THROW(ValueError, "checkpoint: a tensor saved by a recomputation was unpacked; the recomputed "
-                                    "graph is not meant for backward");
-          });
+          [](const std::any& packed) -> Tensor { return std::any_cast<const Tensor&>(packed); });
       ++t_recomputing;
       struct Leave {
         ~Leave() { --t_recomputing; }
       } leave;
-      std::vector<Tensor> outputs = fn(args);
+      try {
+        std::vector<Tensor> outputs = fn(args);
+      } catch (const CheckpointError&) {
+        throw;
+      } catch (const std::exception& e) {
+        // Typically an in-place write into a tensor the region saved, which the first run could not see (its saved
+        // tensors were handles), or a replay that ran out of logged random draws.
+        EMBER_THROW(CheckpointError, "checkpoint: re-running a checkpointed region during backward failed: ",
+                    e.what(), ". ", hint());
+      }
     }
     EMBER_CHECK(count == records.size(), CheckpointError,
                 "checkpoint: the recomputation of a checkpointed region saved ", count,
@@ -151,7 +149,6 @@ std::vector<Tensor> checkpoint(const RegionFn& fn, const std::vector<Tensor>& in
 
   auto frame = std::make_shared<Frame>();
   frame->fn = fn;
-  frame->rng = default_generator().state();
   frame->autocast_state = autocast::current_state();
   frame->inputs.reserve(inputs.size());
   frame->input_requires_grad.reserve(inputs.size());
@@ -168,17 +165,27 @@ std::vector<Tensor> checkpoint(const RegionFn& fn, const std::vector<Tensor>& in
     SavedTensorHooksGuard hooks(
         [f, &frame](const Tensor& t) -> std::any {
           f->records.push_back({t.sizes(), t.dtype()});
+          f->stash.push_back(t);
           return Handle{frame, f->records.size() - 1};
         },
         [](const std::any& packed) -> Tensor {
           const Handle& h = std::any_cast<const Handle&>(packed);
           return h.frame->unpack(h.index);
         });
+    DrawRecorder record(frame->draws);
+    struct EndFirstRun {  // also when fn throws
+      Frame* f;
+      ~EndFirstRun() {
+        f->first_run = false;
+        f->stash.clear();
+        f->stash.shrink_to_fit();
+      }
+    } end_first_run{f};
     outputs = fn(inputs);
   }
   // Nothing saved: no node of the region needs a recomputation (nothing required grad, or the ops save nothing).
-  if (!frame->records.empty()) {
-    if (t_recomputing == 0) ++t_stats.regions;
+  if (!frame->records.empty() && t_recomputing == 0) {  // a nested region re-run by a recomputation counts once
+    ++t_stats.regions;
     t_stats.saved_discarded += static_cast<int64_t>(frame->records.size());
   }
   return outputs;
@@ -216,6 +223,7 @@ Tensor checkpoint_sequential(const std::vector<TensorFn>& fns, int64_t segments,
 }
 
 CheckpointStats checkpoint_stats() { return t_stats; }
+bool is_recomputing() { return t_recomputing > 0; }
 void reset_checkpoint_stats() { t_stats = CheckpointStats{}; }
 
 }  // namespace ember::autograd

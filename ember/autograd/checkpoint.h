@@ -28,10 +28,12 @@ using TensorFn = std::function<Tensor(const Tensor&)>;
 
 // Runs fn(inputs) as a checkpointed region and returns its outputs (with their history). `fn` must be callable again
 // during backward with the same inputs (capture modules by reference or shared_ptr, not temporaries), and must not
-// depend on state that changes between the forward and the backward except through the inputs; the default
-// generator's Philox state and this thread's autocast state are saved before the first run and restored for the
-// recomputation (and put back afterwards), so dropout draws the same masks. Outside grad mode, or when no input and
-// no parameter inside needs a gradient, it is simply fn(inputs). Regions nest.
+// depend on state that changes between the forward and the backward except through the inputs. The random draws of
+// the first run are logged and replayed by the recomputation (Note [Checkpoint RNG]; no generator moves, even with
+// other threads drawing), and this thread's autocast state is restored for it, so dropout draws the same masks.
+// Outside grad mode it is simply fn(inputs). Regions nest. Recomputed tensors are released as backward uses them;
+// those of ops backward never reaches (autograd::grad on a subset) live until the graph is freed, as in PyTorch.
+// An in-place write into a tensor the region saved is detected only when the recomputation runs: CheckpointError.
 std::vector<Tensor> checkpoint(const RegionFn& fn, const std::vector<Tensor>& inputs);
 Tensor checkpoint(const TensorFn& fn, const Tensor& input);
 
@@ -48,6 +50,10 @@ struct CheckpointStats {
 };
 CheckpointStats checkpoint_stats();
 void reset_checkpoint_stats();
+
+// True while this thread re-runs a checkpointed region during backward. Side effects that must happen once per
+// forward (BatchNorm's running statistics) check it and skip the second time.
+bool is_recomputing();
 
 }  // namespace autograd
 }  // namespace ember

@@ -7,7 +7,6 @@
 #include <any>
 #include <chrono>
 #include <cmath>
-#include <deque>
 #include <limits>
 #include <memory>
 #include <sstream>
@@ -63,6 +62,16 @@ bool CheckpointPlan::recomputes(int64_t block) const {
               " blocks");
 }
 
+void CheckpointPlan::check_covers(int64_t n, const char* who) const {
+  EMBER_CHECK(num_blocks() == n, ValueError, who, ": the plan covers ", num_blocks(), " blocks but the chain has ", n);
+  int64_t expect = 0;
+  for (const CheckpointSegment& s : segments) {
+    EMBER_CHECK(s.begin == expect && s.end > s.begin, ValueError, who, ": the plan's segments do not tile [0, ", n,
+                ") in order (segment [", s.begin, ", ", s.end, ") after block ", expect, ")");
+    expect = s.end;
+  }
+}
+
 std::string CheckpointPlan::to_string() const {
   std::ostringstream os;
   int64_t recomputed_blocks = 0, recomputed_segments = 0;
@@ -114,9 +123,9 @@ std::vector<CheckpointSegment> merge_kept(const std::vector<CheckpointSegment>& 
   return out;
 }
 
-// Fills the plan's numbers from its segments and the profile: the memory model of the Note, evaluated exactly.
+// Fills the plan's numbers from its segments and the profile: Note [Checkpoint memory model], evaluated exactly.
 void evaluate(CheckpointPlan& plan, const std::vector<BlockProfile>& profile) {
-  int64_t kept = 0, inputs = 0, largest = 0, all = 0;
+  int64_t held = 0, peak = 0, all = 0;  // held: P of the next segment
   double extra = 0.0, forward = 0.0;
   for (const BlockProfile& b : profile) {
     all += b.activation_bytes;
@@ -126,182 +135,160 @@ void evaluate(CheckpointPlan& plan, const std::vector<BlockProfile>& profile) {
     int64_t a = 0;
     for (int64_t i = s.begin; i < s.end; ++i) a += profile[i].activation_bytes;
     if (s.recompute) {
-      inputs += profile[s.begin].input_bytes;
-      largest = std::max(largest, a);
+      const int64_t in = profile[s.begin].input_bytes;
+      peak = std::max(peak, held + in + a);
+      held += in;
       for (int64_t i = s.begin; i < s.end; ++i) extra += profile[i].cost;
     } else {
-      kept += a;
+      held += a;
     }
   }
-  plan.predicted_peak_bytes = kept + inputs + largest;
+  plan.predicted_peak_bytes = std::max(peak, held);
   plan.no_checkpoint_bytes = all;
   plan.extra_cost = extra;
   plan.forward_cost = forward;
-}
-
-// The plan with the smallest predicted peak (ties: the least extra cost), found exactly — no rounding — for every
-// candidate bound M on a recomputed segment's activation bytes: with M fixed, held(j) = the least
-// sum_K A + sum_R in over plans of blocks [0, j) is a one-dimensional DP (keep block j-1, or end a recomputed segment
-// [i, j) with A(i..j) <= M, where the i allowed form a window that only moves right, so a monotone queue gives the
-// best start in O(1)). O(n) per candidate, O(n^3) in all.
-std::vector<CheckpointSegment> min_peak_segments(const std::vector<BlockProfile>& p, const std::vector<int64_t>& pre_a,
-                                                 const std::vector<double>& pre_c,
-                                                 const std::vector<int64_t>& candidates) {
-  const int64_t n = static_cast<int64_t>(p.size());
-  using Key = std::pair<int64_t, double>;  // (held bytes, extra cost), compared lexicographically
-  std::vector<CheckpointSegment> best;
-  Key best_key{std::numeric_limits<int64_t>::max(), 0.0};
-  std::vector<Key> held(n + 1);
-  std::vector<int64_t> from(n + 1);  // -1: block j-1 kept; else the recomputed segment [from, j)
-  for (const int64_t m : candidates) {
-    held[0] = {0, 0.0};
-    std::deque<int64_t> window;  // starts i, increasing, with held[i] + in_i increasing
-    int64_t lo = 0;
-    for (int64_t j = 1; j <= n; ++j) {
-      // Start i = j - 1 enters the window; starts whose segment to j exceeds m leave it.
-      const int64_t i_new = j - 1;
-      const Key k_new{held[i_new].first + p[i_new].input_bytes, held[i_new].second - pre_c[i_new]};
-      while (!window.empty()) {
-        const int64_t b = window.back();
-        const Key kb{held[b].first + p[b].input_bytes, held[b].second - pre_c[b]};
-        if (kb < k_new) break;
-        window.pop_back();
-      }
-      window.push_back(i_new);
-      while (lo < j && pre_a[j] - pre_a[lo] > m) ++lo;
-      while (!window.empty() && window.front() < lo) window.pop_front();
-      held[j] = {held[j - 1].first + p[j - 1].activation_bytes, held[j - 1].second};
-      from[j] = -1;
-      if (!window.empty()) {
-        const int64_t i = window.front();
-        const Key k{held[i].first + p[i].input_bytes, held[i].second + pre_c[j] - pre_c[i]};
-        if (k < held[j]) {
-          held[j] = k;
-          from[j] = i;
-        }
-      }
-    }
-    std::vector<CheckpointSegment> segs;
-    for (int64_t j = n; j > 0;) {
-      if (from[j] < 0) {
-        segs.push_back({j - 1, j, false});
-        --j;
-      } else {
-        segs.push_back({from[j], j, true});
-        j = from[j];
-      }
-    }
-    std::reverse(segs.begin(), segs.end());
-    int64_t largest = 0;
-    for (const CheckpointSegment& s : segs)
-      if (s.recompute) largest = std::max(largest, pre_a[s.end] - pre_a[s.begin]);
-    const Key key{held[n].first + largest, held[n].second};
-    if (key < best_key) {
-      best_key = key;
-      best = merge_kept(segs);
-    }
-  }
-  return best;
-}
-
-// Note [Budget DP]
-// For a candidate M (the activation bytes of the largest recomputed segment), the cheapest plan with
-// sum_K A + sum_R in <= B - M is a DP over (blocks done j, memory units used m): memory is counted in units of
-// U = ceil(B / 256) bytes, each kept run's bytes and each recomputed segment's input bytes rounded UP to whole units,
-// and the capacity is floor((B - M) / U) units — so a plan the DP accepts really satisfies the model's inequality
-// (rounding only makes it cautious, by at most one unit per segment). A state's value is the least extra cost;
-// transitions end a kept run [i, j) or a recomputed segment [i, j) with A(i..j) <= M at j. O(n^2 * 256) per M.
-// Keeping everything is decided exactly first (it costs nothing, so it wins whenever it fits). Pruning, so that
-// n <= 128 plans in tens of milliseconds: among candidates with the same capacity in units only the largest M is
-// tried (it allows every segment the smaller ones allow, with the same capacity); a candidate is skipped when even
-// the exact least-memory plan for it (min_peak_segments' DP) does not fit; the inner loops over units are plain
-// element-wise minima (no parent pointers: the plan is recovered by matching values); and segments are at most
-// kMaxRun blocks long (a longer kept run is split, costing at most a unit of rounding per split; a longer recomputed
-// one is not considered) — which only matters beyond n = kMaxRun.
-constexpr int64_t kMaxRun = 128;
-
-std::vector<CheckpointSegment> budget_dp(const std::vector<BlockProfile>& p, const std::vector<int64_t>& pre_a,
-                                         const std::vector<double>& pre_c, int64_t m_bound, int64_t cap, int64_t unit,
-                                         double* cost_out) {
-  const int64_t n = static_cast<int64_t>(p.size());
-  const int64_t w = cap + 1;
-  constexpr double kInf = std::numeric_limits<double>::infinity();
-  // Two layers: 0 = the last segment was recomputed (or nothing yet), 1 = the last segment was kept. No parent
-  // pointers are stored (so the inner loops are plain element-wise minima the compiler vectorises); the plan is
-  // recovered afterwards by finding, for each state, a predecessor that yields its value exactly.
-  std::vector<double> dp(2 * (n + 1) * w, kInf);
-  auto row = [&](int layer, int64_t j) { return dp.data() + (static_cast<int64_t>(layer) * (n + 1) + j) * w; };
-  auto units = [unit](int64_t bytes) { return (bytes + unit - 1) / unit; };
-  auto kept_from = [](int64_t i, int64_t j) { return j - i == kMaxRun ? 2 : 1; };  // layers a kept run may follow
-  // A kept run follows a recomputed segment (or the start); after another kept run only when a run longer than
-  // kMaxRun must be split (else one merged run rounds less).
-  auto recompute_ok = [&](int64_t i, int64_t j) { return pre_a[j] - pre_a[i] <= m_bound; };
-  row(0, 0)[0] = 0.0;
-  for (int64_t j = 1; j <= n; ++j) {
-    double* kept_dst = row(1, j);
-    double* rec_dst = row(0, j);
-    for (int64_t i = j - 1; i >= std::max<int64_t>(0, j - kMaxRun); --i) {
-      const int64_t ku = units(pre_a[j] - pre_a[i]);
-      if (ku <= cap)
-        for (int layer = 0; layer < kept_from(i, j); ++layer) {
-          const double* src = row(layer, i);
-          for (int64_t m = ku; m <= cap; ++m) kept_dst[m] = std::min(kept_dst[m], src[m - ku]);
-        }
-      if (!recompute_ok(i, j)) continue;  // (and no i further left is: A only grows)
-      const int64_t ru = units(p[i].input_bytes);
-      if (ru > cap) continue;
-      const double c = pre_c[j] - pre_c[i];
-      for (int layer = 0; layer < 2; ++layer) {
-        const double* src = row(layer, i);
-        for (int64_t m = ru; m <= cap; ++m) rec_dst[m] = std::min(rec_dst[m], src[m - ru] + c);
-      }
-    }
-  }
-  // The least cost at the end; ties go to the fewer units held (a smaller predicted peak).
-  int layer = -1;
-  int64_t m = -1;
-  double best = kInf;
-  for (int64_t mm = 0; mm <= cap; ++mm)
-    for (int l = 0; l < 2; ++l)
-      if (row(l, n)[mm] < best) {
-        best = row(l, n)[mm];
-        layer = l;
-        m = mm;
-      }
-  std::vector<CheckpointSegment> segs;
-  if (layer < 0) return segs;
-  for (int64_t j = n; j > 0;) {
-    const double v = row(layer, j)[m];
-    bool found = false;
-    for (int64_t i = j - 1; i >= std::max<int64_t>(0, j - kMaxRun) && !found; --i) {
-      if (layer == 1) {
-        const int64_t ku = units(pre_a[j] - pre_a[i]);
-        for (int l = 0; l < kept_from(i, j) && !found && ku <= m; ++l)
-          if (row(l, i)[m - ku] == v) {
-            segs.push_back({i, j, false});
-            j = i, m -= ku, layer = l, found = true;
-          }
-      } else if (recompute_ok(i, j)) {
-        const int64_t ru = units(p[i].input_bytes);
-        const double c = pre_c[j] - pre_c[i];
-        for (int l = 0; l < 2 && !found && ru <= m; ++l)
-          if (row(l, i)[m - ru] + c == v) {
-            segs.push_back({i, j, true});
-            j = i, m -= ru, layer = l, found = true;
-          }
-      }
-    }
-    EMBER_CHECK(found, ValueError, "plan_checkpoints: internal error recovering the budget plan");
-  }
-  std::reverse(segs.begin(), segs.end());
-  *cost_out = best;
-  return merge_kept(segs);
 }
 
 // a < b beyond rounding noise in the summed costs.
 bool cost_less(double a, double b) {
   if (!std::isfinite(b)) return a < b;
   return a < b - 1e-12 * std::max(1.0, std::abs(b));
+}
+
+struct Prefix {
+  std::vector<int64_t> a;  // a[j] = activation bytes of blocks [0, j)
+  std::vector<double> c;   // c[j] = cost of blocks [0, j)
+};
+
+// Note [Budget DP]
+// The cheapest plan with predicted peak <= B (when keeping everything does not fit) is a DP over states (j, u):
+// j blocks planned, u = the held prefix P(j) in units of U = ceil(B / 256) bytes, where every segment's
+// contribution to P (A of a kept run, in of a recomputed segment) is rounded UP to whole units — so u * U >= the
+// true P. A state's value is the least extra cost reaching it. From (i, u):
+//   keep [i, j):       u' = u + units(A(i..j)),                 allowed when u' <= cap = floor(B / U);
+//   recompute [i, j):  u' = u + units(in_i), cost + C(i..j),    allowed when u' <= cap and u*U + in_i + A(i..j) <= B.
+// Both checks bound the model's terms from above (P(end) <= u'*U <= B; P(s) + in(s) + A(s) <= u*U + ...), so a plan
+// the DP accepts fits the model exactly. The answer is the least cost over u at j = n (ties: the smaller u), read
+// back through parent pointers, adjacent kept runs merged. Rounding loses at most one unit per segment: any plan
+// with predicted peak <= B - n*U is seen, so the result costs no more than the cheapest such plan. O(n^2 * 256)
+// transitions (n = 128: a few million, milliseconds); no segment length cap is needed.
+std::vector<CheckpointSegment> budget_dp(const std::vector<BlockProfile>& p, const Prefix& pre, int64_t budget) {
+  const int64_t n = static_cast<int64_t>(p.size());
+  const int64_t unit = std::max<int64_t>(1, (budget + 255) / 256);
+  const int64_t cap = budget / unit;
+  const int64_t w = cap + 1;
+  auto units = [unit](int64_t bytes) { return (bytes + unit - 1) / unit; };
+  constexpr double kInf = std::numeric_limits<double>::infinity();
+  std::vector<double> cost((n + 1) * w, kInf);
+  std::vector<int32_t> from((n + 1) * w, -1);  // the start i of the segment ending at the state
+  std::vector<char> rec((n + 1) * w, 0);        // whether that segment is recomputed
+  cost[0] = 0.0;
+  for (int64_t j = 1; j <= n; ++j) {
+    double* dst = cost.data() + j * w;
+    for (int64_t i = j - 1; i >= 0; --i) {
+      const double* src = cost.data() + i * w;
+      const int64_t a = pre.a[j] - pre.a[i];
+      const int64_t ku = units(a);
+      for (int64_t u = 0; u + ku <= cap; ++u)
+        if (src[u] < dst[u + ku]) {
+          dst[u + ku] = src[u];
+          from[j * w + u + ku] = static_cast<int32_t>(i);
+          rec[j * w + u + ku] = 0;
+        }
+      const int64_t in = p[i].input_bytes;
+      const int64_t room = budget - in - a;  // u * U must not exceed it
+      if (room < 0) continue;
+      const int64_t ru = units(in);
+      const int64_t u_max = std::min(cap - ru, room / unit);
+      const double c = pre.c[j] - pre.c[i];
+      for (int64_t u = 0; u <= u_max; ++u)
+        if (src[u] + c < dst[u + ru]) {
+          dst[u + ru] = src[u] + c;
+          from[j * w + u + ru] = static_cast<int32_t>(i);
+          rec[j * w + u + ru] = 1;
+        }
+    }
+  }
+  int64_t u = -1;
+  for (int64_t v = 0; v <= cap; ++v)
+    if (std::isfinite(cost[n * w + v]) && (u < 0 || cost_less(cost[n * w + v], cost[n * w + u]))) u = v;
+  std::vector<CheckpointSegment> segs;
+  if (u < 0) return segs;
+  for (int64_t j = n; j > 0;) {
+    const int64_t i = from[j * w + u];
+    const bool r = rec[j * w + u] != 0;
+    segs.push_back({i, j, r});
+    u -= r ? units(p[i].input_bytes) : units(pre.a[j] - pre.a[i]);
+    j = i;
+  }
+  std::reverse(segs.begin(), segs.end());
+  return merge_kept(segs);
+}
+
+// The cheapest plan with predicted peak <= budget as far as the DP sees; empty when it finds none. Keeping
+// everything is decided exactly first (it costs nothing, so it wins whenever it fits).
+std::vector<CheckpointSegment> cheapest_within(const std::vector<BlockProfile>& p, const Prefix& pre,
+                                               int64_t budget) {
+  const int64_t n = static_cast<int64_t>(p.size());
+  if (pre.a[n] <= budget) return {{0, n, false}};
+  return budget_dp(p, pre, budget);
+}
+
+// Note [Smallest peak]
+// When the budget DP finds no plan for B (none fits, or only plans within its rounding of B do), the plan returned
+// has the smallest predicted peak M*, found exactly; fits then says whether M* <= B after all. Whether
+// some plan has peak <= M is a DP over blocks done j alone: held(j) = the least P(j) over plans of [0, j) whose
+// recomputed segments all satisfy P(s) + in(s) + A(s) <= M. The least held prefix is the best state to go on from
+// (every later term grows with P), so
+//     held(j) = min( held(j-1) + a_{j-1},  min over i with held(i) + in_i + A(i..j) <= M of held(i) + in_i )
+// and M is feasible iff held(n) <= M; O(n^2). M* is found by binary search over [0, A(whole chain)] (keeping
+// everything has peak A(whole chain)). The plan is then the budget DP's at B = M* when it finds one (the cheapest
+// such plan up to the rounding of Note [Budget DP]), else the least-held plan of this DP (ties: less cost).
+std::vector<CheckpointSegment> least_held_segments(const std::vector<BlockProfile>& p, const Prefix& pre, int64_t m) {
+  const int64_t n = static_cast<int64_t>(p.size());
+  using Key = std::pair<int64_t, double>;  // (held bytes, extra cost), compared lexicographically
+  const Key none{std::numeric_limits<int64_t>::max(), 0.0};
+  std::vector<Key> held(n + 1, none);
+  std::vector<int64_t> from(n + 1, -1);  // -1: block j-1 kept; else the recomputed segment [from, j)
+  held[0] = {0, 0.0};
+  for (int64_t j = 1; j <= n; ++j) {
+    if (held[j - 1] != none) held[j] = {held[j - 1].first + p[j - 1].activation_bytes, held[j - 1].second};
+    for (int64_t i = j - 1; i >= 0; --i) {
+      if (held[i] == none || held[i].first + p[i].input_bytes + pre.a[j] - pre.a[i] > m) continue;
+      const Key k{held[i].first + p[i].input_bytes, held[i].second + pre.c[j] - pre.c[i]};
+      if (k < held[j]) {
+        held[j] = k;
+        from[j] = i;
+      }
+    }
+  }
+  std::vector<CheckpointSegment> segs;
+  if (held[n] == none || held[n].first > m) return segs;
+  for (int64_t j = n; j > 0;) {
+    if (from[j] < 0) {
+      segs.push_back({j - 1, j, false});
+      --j;
+    } else {
+      segs.push_back({from[j], j, true});
+      j = from[j];
+    }
+  }
+  std::reverse(segs.begin(), segs.end());
+  return merge_kept(segs);
+}
+
+std::vector<CheckpointSegment> smallest_peak_segments(const std::vector<BlockProfile>& p, const Prefix& pre) {
+  const int64_t n = static_cast<int64_t>(p.size());
+  int64_t lo = 0, hi = pre.a[n];  // hi is feasible
+  while (lo < hi) {
+    const int64_t mid = lo + (hi - lo) / 2;
+    if (least_held_segments(p, pre, mid).empty())
+      lo = mid + 1;
+    else
+      hi = mid;
+  }
+  std::vector<CheckpointSegment> segs = cheapest_within(p, pre, hi);
+  return segs.empty() ? least_held_segments(p, pre, hi) : segs;
 }
 
 }  // namespace
@@ -324,61 +311,13 @@ CheckpointPlan plan_checkpoints(const std::vector<BlockProfile>& profile, const 
       break;
     }
     case CheckpointPolicy::Kind::budget: {
-      const int64_t budget = policy.budget_bytes;
-      std::vector<int64_t> pre_a(n + 1, 0);
-      std::vector<double> pre_c(n + 1, 0.0);
+      Prefix pre{std::vector<int64_t>(n + 1, 0), std::vector<double>(n + 1, 0.0)};
       for (int64_t i = 0; i < n; ++i) {
-        pre_a[i + 1] = pre_a[i] + profile[i].activation_bytes;
-        pre_c[i + 1] = pre_c[i] + profile[i].cost;
+        pre.a[i + 1] = pre.a[i] + profile[i].activation_bytes;
+        pre.c[i + 1] = pre.c[i] + profile[i].cost;
       }
-      // Candidate M: 0 (nothing recomputed) and the activation bytes of every possible segment.
-      std::vector<int64_t> candidates{0};
-      for (int64_t i = 0; i < n; ++i)
-        for (int64_t j = i + 1; j <= n && j - i <= kMaxRun; ++j) candidates.push_back(pre_a[j] - pre_a[i]);
-      std::sort(candidates.begin(), candidates.end());
-      candidates.erase(std::unique(candidates.begin(), candidates.end()), candidates.end());
-
-      if (pre_a[n] <= budget) {  // everything kept fits: nothing to recompute (decided exactly, not in units)
-        plan.segments = {{0, n, false}};
-        break;
-      }
-      const int64_t unit = std::max<int64_t>(1, (budget + 255) / 256);
-      // Note [Budget DP]: per capacity in units, only the largest M.
-      std::vector<std::pair<int64_t, int64_t>> tried;  // (capacity units, M)
-      for (const int64_t m : candidates) {
-        if (m > budget) break;
-        const int64_t cap = (budget - m) / unit;
-        if (!tried.empty() && tried.back().first == cap)
-          tried.back().second = m;
-        else
-          tried.push_back({cap, m});
-      }
-      double best_cost = std::numeric_limits<double>::infinity();
-      for (const auto& [cap, m] : tried) {
-        // Skip M when even its least-memory plan does not fit (exact, cheap).
-        const std::vector<CheckpointSegment> least = min_peak_segments(profile, pre_a, pre_c, {m});
-        CheckpointPlan probe;
-        probe.segments = least;
-        evaluate(probe, profile);
-        if (probe.predicted_peak_bytes > budget) continue;
-        double cost = 0.0;
-        std::vector<CheckpointSegment> segs = budget_dp(profile, pre_a, pre_c, m, cap, unit, &cost);
-        if (segs.empty()) continue;
-        CheckpointPlan candidate;
-        candidate.segments = segs;
-        evaluate(candidate, profile);
-        if (cost_less(cost, best_cost) ||
-            (!cost_less(best_cost, cost) && candidate.predicted_peak_bytes < plan.predicted_peak_bytes)) {
-          best_cost = cost;
-          plan.segments = segs;
-          plan.predicted_peak_bytes = candidate.predicted_peak_bytes;
-        }
-      }
-      if (plan.segments.empty()) {
-        // Nothing fits in units: the plan with the smallest predicted peak, which may still fit exactly (the units
-        // are cautious) — fits says which.
-        plan.segments = min_peak_segments(profile, pre_a, pre_c, candidates);
-      }
+      plan.segments = cheapest_within(profile, pre, policy.budget_bytes);
+      if (plan.segments.empty()) plan.segments = smallest_peak_segments(profile, pre);  // Note [Smallest peak]
       break;
     }
   }
@@ -467,15 +406,7 @@ std::vector<BlockProfile> profile_chain(const std::vector<TensorFn>& blocks, con
 }
 
 Tensor run_chain(const std::vector<TensorFn>& blocks, const Tensor& x, const CheckpointPlan& plan) {
-  const int64_t n = static_cast<int64_t>(blocks.size());
-  EMBER_CHECK(plan.num_blocks() == n, ValueError, "run_chain: the plan covers ", plan.num_blocks(),
-              " blocks but the chain has ", n);
-  int64_t expect = 0;
-  for (const CheckpointSegment& s : plan.segments) {
-    EMBER_CHECK(s.begin == expect && s.end > s.begin, ValueError, "run_chain: the plan's segments do not tile [0, ",
-                n, ") in order (segment [", s.begin, ", ", s.end, ") after block ", expect, ")");
-    expect = s.end;
-  }
+  plan.check_covers(static_cast<int64_t>(blocks.size()), "run_chain");
   Tensor h = x;
   for (const CheckpointSegment& s : plan.segments) {
     if (!s.recompute) {

@@ -32,14 +32,14 @@ struct BlockProfile {
 };
 
 // Note [Checkpoint memory model]
-// With segments S_1..S_m, kept segments K and recomputed segments R, the activation memory the plan predicts for a
-// training step is
-//     sum_{s in K} A(s) + sum_{s in R} in(s) + max_{s in R} A(s)
-// where A(s) is the sum of activation_bytes over s's blocks and in(s) the input bytes of its first block: kept
-// segments hold their saved tensors until backward reaches them; a recomputed segment holds only its input, and
-// during backward one recomputed segment at a time holds its saved tensors again. (A(s) of the segment being
-// recomputed while the kept ones are still alive is the worst case; the formula counts it.) Extra compute is the
-// sum of cost over recomputed blocks.
+// Segments S_1..S_m in chain order; a kept segment s holds A(s) (the sum of activation_bytes over its blocks) from
+// its forward until backward passes it; a recomputed segment holds only in(s) (its first block's input_bytes) —
+// until backward reaches it, re-runs it, and holds in(s) + A(s) while its blocks' backward runs. With
+// P(s) = the bytes held by the segments before s (sum of A over kept ones, in over recomputed ones), the activation
+// memory the plan predicts for a training step is
+//     max( P(end of chain),  max over recomputed s of  P(s) + in(s) + A(s) )
+// since backward visits the chain in reverse: when s is re-run, every segment after it has already been freed and
+// every segment before it is still held. Extra compute is the sum of cost over recomputed blocks.
 struct CheckpointSegment {
   int64_t begin = 0, end = 0;  // blocks [begin, end)
   bool recompute = false;
@@ -55,14 +55,16 @@ struct CheckpointPlan {
   bool fits = true;                  // budget: the prediction fits (false: the cheapest plan that comes closest)
   int64_t num_blocks() const { return segments.empty() ? 0 : segments.back().end; }
   bool recomputes(int64_t block) const;
+  // ValueError naming `who` unless the segments tile [0, n) in order (each non-empty).
+  void check_covers(int64_t n, const char* who) const;
   // A readable report: policy, the recomputed segments, predicted peak against no checkpointing, extra compute.
   std::string to_string() const;
 };
 
 // none: one kept segment. sqrt: Chen et al.'s segmentation — runs of ceil(sqrt(n)) blocks, every run but the last
 // recomputed. budget(B): the plan with the least extra cost whose predicted peak is <= B — dynamic programming over
-// the chain for each candidate largest recomputed segment, with memory counted in units of B/256 rounded up (so a
-// plan said to fit does fit the model); when none fits, the one with the smallest predicted peak, fits = false.
+// the chain with the held prefix P counted in units of B/256 rounded up (so a plan said to fit does fit the model);
+// when none fits, the plan with the smallest predicted peak, fits = false.
 // ValueError for an empty profile or negative sizes.
 CheckpointPlan plan_checkpoints(const std::vector<BlockProfile>& profile, const CheckpointPolicy& policy);
 

@@ -2,7 +2,36 @@
 // Invariant: every read-modify-write of the state holds the mutex, so reserve() ranges never overlap.
 #include "ember/core/generator.h"
 
+#include <algorithm>
+
+#include "ember/base/error.h"
+
 namespace ember {
+
+namespace {
+// Note [Draw log]: this thread's active logs (outermost first) and innermost replay.
+thread_local std::vector<std::vector<DrawRecord>*> t_recorders;
+thread_local DrawReplay* t_replay = nullptr;
+}  // namespace
+
+DrawRecorder::DrawRecorder(std::vector<DrawRecord>& log) : log_(&log) { t_recorders.push_back(log_); }
+DrawRecorder::~DrawRecorder() {
+  auto it = std::find(t_recorders.rbegin(), t_recorders.rend(), log_);
+  if (it != t_recorders.rend()) t_recorders.erase(std::next(it).base());
+}
+
+DrawReplay::DrawReplay(const std::vector<DrawRecord>& log) : log_(log), prev_(t_replay) { t_replay = this; }
+DrawReplay::~DrawReplay() { t_replay = prev_; }
+
+PhiloxState DrawReplay::next(uint64_t counters) {
+  EMBER_CHECK(next_ < log_.size(), ValueError, "random draw ", next_ + 1, " of a replay that logged only ",
+              log_.size(), " draws");
+  const DrawRecord& r = log_[next_];
+  EMBER_CHECK(r.counters == counters, ValueError, "random draw ", next_ + 1, " of a replay asks for ", counters,
+              " counters; the logged draw reserved ", r.counters);
+  ++next_;
+  return r.state;
+}
 
 void Generator::manual_seed(uint64_t seed) {
   std::lock_guard<std::mutex> lock(mutex_);
@@ -20,9 +49,15 @@ void Generator::set_state(PhiloxState s) {
 }
 
 PhiloxState Generator::reserve(uint64_t counters) {
-  std::lock_guard<std::mutex> lock(mutex_);
-  PhiloxState s = state_;
-  state_.offset += counters;
+  PhiloxState s;
+  if (t_replay != nullptr) {
+    s = t_replay->next(counters);
+  } else {
+    std::lock_guard<std::mutex> lock(mutex_);
+    s = state_;
+    state_.offset += counters;
+  }
+  for (std::vector<DrawRecord>* log : t_recorders) log->push_back({s, counters});
   return s;
 }
 

@@ -10,6 +10,7 @@
 
 #include "ember/base/error.h"
 #include "ember/autograd/autocast.h"
+#include "ember/autograd/checkpoint.h"
 #include "ember/core/grad_mode.h"
 
 namespace ember::nn::functional {
@@ -209,7 +210,8 @@ Tensor batch_norm(const Tensor& input, const Tensor& running_mean, const Tensor&
     var = ember::var(x, dims, /*correction=*/0, true);
     NoGradGuard no_grad;
     auto update = [&](const Tensor& running, const Tensor& stat) {
-      if (!running.defined()) return;
+      // Not again when a checkpointed region is re-run during backward (autograd::is_recomputing).
+      if (!running.defined() || autograd::is_recomputing()) return;
       const Tensor s = stat.detach().reshape({channels}).to(running.dtype());
       Tensor target = running;
       target.copy_(ops::add(ops::mul(running, 1.0 - momentum), ops::mul(s, momentum)));

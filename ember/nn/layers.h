@@ -289,7 +289,8 @@ class Sequential : public Module {
   // Activation checkpointing (autograd/checkpoint_plan.h), each child one block: with a plan installed, forward runs
   // the children as a chain under it. set_checkpoint_plan raises ValueError unless the plan covers exactly size()
   // blocks; an empty plan (no segments) uninstalls. plan_checkpointing profiles the children once on x (a recorded
-  // forward; the default generator's state is left as it was), plans for `policy`, installs the plan and returns it.
+  // forward; the default generator's state and the buffers — BatchNorm statistics — are left as they were), plans for
+  // `policy`, installs the plan and returns it.
   void set_checkpoint_plan(autograd::CheckpointPlan plan);
   const autograd::CheckpointPlan& checkpoint_plan() const { return checkpoint_plan_; }
   autograd::CheckpointPlan plan_checkpointing(const Tensor& x, const autograd::CheckpointPolicy& policy);

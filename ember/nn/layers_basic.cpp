@@ -3,6 +3,7 @@
 #include <cmath>
 #include <sstream>
 
+#include "ember/core/grad_mode.h"
 #include "ember/nn/init.h"
 #include "ember/nn/layers.h"
 
@@ -136,14 +137,25 @@ std::vector<autograd::TensorFn> Sequential::chain() const {
 }
 
 void Sequential::set_checkpoint_plan(autograd::CheckpointPlan plan) {
-  EMBER_CHECK(plan.segments.empty() || plan.num_blocks() == static_cast<int64_t>(modules_.size()), ValueError,
-              "Sequential::set_checkpoint_plan: the plan covers ", plan.num_blocks(), " blocks but the Sequential has ",
-              modules_.size(), " modules");
+  if (!plan.segments.empty())
+    plan.check_covers(static_cast<int64_t>(modules_.size()), "Sequential::set_checkpoint_plan (blocks = modules)");
   checkpoint_plan_ = std::move(plan);
 }
 
 autograd::CheckpointPlan Sequential::plan_checkpointing(const Tensor& x, const autograd::CheckpointPolicy& policy) {
-  autograd::CheckpointPlan plan = autograd::plan_checkpoints(autograd::profile_chain(chain(), x), policy);
+  // The profiling forward must not count as a training batch: buffers (BatchNorm's running statistics) are put back.
+  std::vector<std::pair<Tensor, Tensor>> buffers;
+  {
+    NoGradGuard no_grad;
+    for (const auto& [name, b] : named_buffers())
+      if (b.defined()) buffers.emplace_back(b, b.clone());
+  }
+  std::vector<autograd::BlockProfile> profile = autograd::profile_chain(chain(), x);
+  {
+    NoGradGuard no_grad;
+    for (auto& [live, saved] : buffers) Tensor(live).copy_(saved);
+  }
+  autograd::CheckpointPlan plan = autograd::plan_checkpoints(profile, policy);
   set_checkpoint_plan(plan);
   return plan;
 }

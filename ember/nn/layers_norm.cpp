@@ -3,6 +3,7 @@
 #include <sstream>
 
 #include "ember/core/grad_mode.h"
+#include "ember/autograd/checkpoint.h"
 #include "ember/nn/init.h"
 #include "ember/nn/layers.h"
 
@@ -71,7 +72,9 @@ Tensor BatchNorm2d::forward(const Tensor& x) {
                 "): expected more than 1 value per channel when training, got input ", x.description());
     const Tensor mean = ember::mean(x, {0, 2, 3}, /*keepdim=*/true);
     const Tensor var = ember::var(x, {0, 2, 3}, /*correction=*/0, /*keepdim=*/true);
-    if (is_training() && track_running_stats) {
+    // A checkpointed region re-run during backward must not count the batch twice: the recomputation repeats the
+    // forward's math, not its side effects.
+    if (is_training() && track_running_stats && !autograd::is_recomputing()) {
       NoGradGuard no_grad;
       num_batches_tracked.copy_(add(num_batches_tracked, 1));
       const double f = momentum ? *momentum : 1.0 / num_batches_tracked.item_double();

@@ -165,8 +165,7 @@ Tensor GPT::forward(const Tensor& idx) {
 }
 
 void GPT::set_checkpoint_plan(autograd::CheckpointPlan plan) {
-  EMBER_CHECK(plan.segments.empty() || plan.num_blocks() == config.n_layer, ValueError, "GPT::set_checkpoint_plan: ",
-              "the plan covers ", plan.num_blocks(), " blocks but the model has n_layer = ", config.n_layer);
+  if (!plan.segments.empty()) plan.check_covers(config.n_layer, "GPT::set_checkpoint_plan (blocks = n_layer)");
   checkpoint_plan_ = std::move(plan);
 }
 

@@ -123,7 +123,7 @@ class GPT : public Module {
                   std::optional<int64_t> top_k = std::nullopt, uint64_t seed = 1337);
 
   // Activation checkpointing (autograd/checkpoint_plan.h): with a plan installed, forward runs the blocks
-  // transformer.h as a chain under it — each recomputed segment one checkpointed region. set_checkpoint_plan raises
+  // (transformer->h) as a chain under it — each recomputed segment one checkpointed region. set_checkpoint_plan raises
   // ValueError unless the plan covers exactly n_layer blocks; an empty plan (no segments) uninstalls.
   void set_checkpoint_plan(autograd::CheckpointPlan plan);
   const autograd::CheckpointPlan& checkpoint_plan() const { return checkpoint_plan_; }
