@@ -57,8 +57,8 @@ std::string mib(int64_t bytes) { return memory::format_bytes(bytes); }
 // Note [Backward transients]
 // The memory model (Note [Checkpoint memory model]) counts activations only. Backward also holds, for a moment, the
 // gradient flowing into an op, the one flowing out, and each weight's fresh gradient before it is added into .grad —
-// whatever the plan. Here that is more than one block: in the MLP a block's activation is [256, 512] f32 (512 KiB)
-// while a Linear(512, 512) weight gradient is 1 MiB, two blocks by itself. So the slack for transients is not a
+// whatever the plan. Here that is more than one block: in the MLP a block's activation is [128, 256] f32 (128 KiB)
+// while a Linear(256, 256) weight gradient is 256 KiB, two blocks by itself. So the slack for transients is not a
 // guessed constant but measured: what the no-checkpoint backward needs beyond its forward's bytes (peak - forward),
 // the same for every plan. The acceptance bounds are then
 //     sqrt:       peak <= 2 sqrt(N) blocks + transient
@@ -115,8 +115,8 @@ std::shared_ptr<Sequential> make_deep_mlp(int64_t blocks, int64_t width) {
 
 TEST(CheckpointMemory, DeepMlpSqrtAndBudgets) {
   manual_seed(3);
-  auto net = make_deep_mlp(32, 512);
-  const Tensor x = randn({256, 512});
+  auto net = make_deep_mlp(32, 256);
+  const Tensor x = randn({128, 256});
   Sequential* seq = net.get();
   check_acceptance({"mlp", seq, 32, [seq, x] { return mean(seq->forward(x)); },
                     [seq, x](const CheckpointPolicy& p) { return seq->plan_checkpointing(x, p); },
