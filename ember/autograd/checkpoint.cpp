@@ -210,16 +210,16 @@ Tensor checkpoint_sequential(const std::vector<TensorFn>& fns, int64_t segments,
   for (int64_t s = 0; s + 1 < segments; ++s, begin += size) {
     // The run is copied into the region: backward re-runs it after `fns` may be gone.
     std::vector<TensorFn> run(fns.begin() + begin, fns.begin() + begin + size);
-    x = checkpoint(
-        [run = std::move(run)](const Tensor& in) {
-          Tensor h = in;
-          for (const TensorFn& f : run) h = f(h);
-          return h;
-        },
-        x);
+    x = checkpoint([run = std::move(run)](const Tensor& in) { return apply_chain(run, in); }, x);
   }
   for (int64_t i = begin; i < n; ++i) x = fns[static_cast<size_t>(i)](x);
   return x;
+}
+
+Tensor apply_chain(const std::vector<TensorFn>& fns, const Tensor& x) {
+  Tensor h = x;
+  for (const TensorFn& f : fns) h = f(h);
+  return h;
 }
 
 CheckpointStats checkpoint_stats() { return t_stats; }

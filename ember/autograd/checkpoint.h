@@ -37,6 +37,9 @@ using TensorFn = std::function<Tensor(const Tensor&)>;
 std::vector<Tensor> checkpoint(const RegionFn& fn, const std::vector<Tensor>& inputs);
 Tensor checkpoint(const TensorFn& fn, const Tensor& input);
 
+// fns applied in order to x (fns[0] first); no checkpointing. The plain chain the checkpointed forms must equal.
+Tensor apply_chain(const std::vector<TensorFn>& fns, const Tensor& x);
+
 // Splits `fns` (applied in order, each to the previous one's output) into `segments` contiguous runs of nearly equal
 // length and checkpoints every run but the last (torch.utils.checkpoint.checkpoint_sequential). segments in
 // [1, fns.size()] (ValueError otherwise).

@@ -415,12 +415,7 @@ Tensor run_chain(const std::vector<TensorFn>& blocks, const Tensor& x, const Che
     }
     // The region owns copies of its blocks' callables: checkpoint() calls it again during backward.
     auto fns = std::make_shared<std::vector<TensorFn>>(blocks.begin() + s.begin, blocks.begin() + s.end);
-    h = checkpoint(TensorFn([fns](const Tensor& in) {
-                     Tensor t = in;
-                     for (const TensorFn& f : *fns) t = f(t);
-                     return t;
-                   }),
-                   h);
+    h = checkpoint(TensorFn([fns](const Tensor& in) { return apply_chain(*fns, in); }), h);
   }
   return h;
 }

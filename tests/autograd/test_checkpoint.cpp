@@ -86,11 +86,7 @@ TEST_P(CheckpointDevice, MlpChainGradientsBitIdentical) {
   const Tensor v = rand_input({16, 24}).to(DType::f32).to(device());
   const auto fns = mlp.blocks();
   const auto reference = grads_of(
-      [&] {
-        Tensor h = x;
-        for (const auto& f : fns) h = f(h);
-        return h;
-      },
+      [&] { return autograd::apply_chain(fns, x); },
       v, mlp.leaves(x));
 
   // Every block its own region.
@@ -192,11 +188,7 @@ TEST(Checkpoint, SequentialSegmentCounts) {
   const Tensor v = rand_input({8, 16}).to(DType::f32);
   const auto fns = mlp.blocks();
   const auto reference = grads_of(
-      [&] {
-        Tensor h = x;
-        for (const auto& f : fns) h = f(h);
-        return h;
-      },
+      [&] { return autograd::apply_chain(fns, x); },
       v, mlp.leaves(x));
   for (int64_t segments : {1, 2, 3, 4, 5, 6}) {
     SCOPED_TRACE(segments);
@@ -219,11 +211,7 @@ TEST(Checkpoint, NestedRegions) {
   const Tensor v = rand_input({8, 16}).to(DType::f32);
   const auto fns = mlp.blocks();
   const auto reference = grads_of(
-      [&] {
-        Tensor h = x;
-        for (const auto& f : fns) h = f(h);
-        return h;
-      },
+      [&] { return autograd::apply_chain(fns, x); },
       v, mlp.leaves(x));
   autograd::reset_checkpoint_stats();
   const auto got = grads_of(
@@ -252,9 +240,7 @@ TEST(Checkpoint, InsideAutocast) {
   const auto reference = grads_of(
       [&] {
         AutocastGuard autocast(DeviceType::CPU, DType::bf16);
-        Tensor h = x;
-        for (const auto& f : fns) h = f(h);
-        return h;
+        return autograd::apply_chain(fns, x);
       },
       v, mlp.leaves(x));
   EXPECT_EQ(mlp.w[0].grad().dtype(), DType::f32);
@@ -294,11 +280,7 @@ ChainMemory run_chain(const std::vector<TensorFn>& fns, int64_t segments, const 
   ChainMemory m;
   const int64_t start = alloc.stats().allocated_bytes;
   {
-    Tensor y = segments == 0 ? [&] {
-      Tensor h = x;
-      for (const auto& f : fns) h = f(h);
-      return h;
-    }()
+    Tensor y = segments == 0 ? autograd::apply_chain(fns, x)
                              : checkpoint_sequential(fns, segments, x);
     m.after_forward = alloc.stats().allocated_bytes - start;
     sum(y * v).backward();
@@ -420,11 +402,7 @@ TEST(Checkpoint, RetainGraphRecomputesAgain) {
   const auto fns = mlp.blocks();
   const auto leaves = mlp.leaves(x);
   const auto reference = grads_of(
-      [&] {
-        Tensor h = x;
-        for (const auto& f : fns) h = f(h);
-        return h;
-      },
+      [&] { return autograd::apply_chain(fns, x); },
       v, leaves);
   for (const Tensor& t : leaves) t.set_grad(Tensor());
   autograd::reset_checkpoint_stats();
