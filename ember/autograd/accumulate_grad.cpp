@@ -1,6 +1,7 @@
 // AccumulateGrad and the rule for adding gradients into .grad.
 #include "ember/autograd/accumulate_grad.h"
 
+#include "ember/core/grad_mode.h"
 #include "ember/kernels/ops.h"
 
 namespace ember::autograd {
@@ -26,9 +27,12 @@ void AccumulateGrad::run_pre_hooks(TensorList& grads) {
 // The first gradient a leaf receives becomes its .grad without a copy when it is dense and referenced by nothing
 // else (the engine hands over the last reference); otherwise it is copied, because an incoming gradient may be a
 // view (an expanded ones tensor from sum's backward) or be shared with another input (add passes one tensor to
-// both operands). Later gradients are added out of place, so a .grad the user holds keeps its value; gradients
-// therefore add up across backward() calls until the user clears them.
-void accumulate_into(Tensor& slot, const Tensor& incoming) {
+// both operands). Later gradients are added IN PLACE into .grad when it is dense with the incoming gradient's shape
+// and dtype (PyTorch's AccumulateGrad does the same): backward then holds one weight gradient at a time instead of
+// two (the incoming one and a fresh sum), which is what a second micro-batch of gradient accumulation costs. A .grad
+// the user holds therefore sees later backward passes, as in PyTorch; gradients add up across backward() calls
+// until the user clears them. With grad mode on (a hook that records) the sum is made out of place.
+void accumulate_into(Tensor& slot, const Tensor& incoming, bool in_place) {
   if (!incoming.defined()) return;
   if (!slot.defined()) {
     const bool sole_owner = incoming.use_count() == 1 && incoming.storage().use_count() == 1 &&
@@ -37,7 +41,13 @@ void accumulate_into(Tensor& slot, const Tensor& incoming) {
     slot = sole_owner ? incoming : incoming.clone();
     return;
   }
-  slot = ops::add(slot, incoming);
+  in_place = in_place && !GradMode::is_enabled() && slot.is_contiguous() && slot.sizes() == incoming.sizes() &&
+                        slot.dtype() == incoming.dtype() && slot.device() == incoming.device() &&
+                        is_floating(slot.dtype()) && !requires_grad(slot);
+  if (in_place)
+    ops::add_(slot, incoming);
+  else
+    slot = ops::add(slot, incoming);
 }
 
 TensorList AccumulateGrad::apply(TensorList&& grads) {

@@ -19,8 +19,10 @@ class AccumulateGrad : public Node {
   Tensor leaf_;  // shares the leaf's TensorImpl (and so its meta); the meta only points back weakly
 };
 
-// Adds `incoming` into `slot` (an undefined slot takes it). The result never aliases `incoming` unless
-// incoming is a dense tensor nothing else references, so later in-place use of .grad cannot touch other tensors.
-void accumulate_into(Tensor& slot, const Tensor& incoming);
+// Adds `incoming` into `slot` (an undefined slot takes it): in place when `in_place` allows and the slot is dense
+// with incoming's shape and dtype (Note [Gradient accumulation]), else as a new tensor. The result never aliases
+// `incoming` unless incoming is a dense tensor nothing else references, so later in-place use of .grad cannot touch
+// other tensors. Leaves' .grad accumulate in place; retained non-leaf gradients do not (as in PyTorch).
+void accumulate_into(Tensor& slot, const Tensor& incoming, bool in_place = true);
 
 }  // namespace ember::autograd

@@ -11,11 +11,15 @@
 #include <memory>
 #include <sstream>
 #include <unordered_map>
+#include <unordered_set>
 
+#include "ember/autograd/accumulate_grad.h"
+#include "ember/autograd/engine.h"
 #include "ember/autograd/saved_hooks.h"
 #include "ember/base/error.h"
 #include "ember/core/generator.h"
 #include "ember/core/grad_mode.h"
+#include "ember/core/storage.h"
 #include "ember/memory/allocator.h"
 #include "ember/memory/cuda_device.h"
 
@@ -105,9 +109,11 @@ void check_profile(const std::vector<BlockProfile>& profile) {
   EMBER_CHECK(!profile.empty(), ValueError, "plan_checkpoints: the profile has no blocks");
   for (size_t i = 0; i < profile.size(); ++i) {
     const BlockProfile& b = profile[i];
-    EMBER_CHECK(b.input_bytes >= 0 && b.activation_bytes >= 0 && b.cost >= 0.0 && std::isfinite(b.cost), ValueError,
-                "plan_checkpoints: block ", i, " has a negative size or cost (input_bytes ", b.input_bytes,
-                ", activation_bytes ", b.activation_bytes, ", cost ", b.cost, ")");
+    EMBER_CHECK(b.input_bytes >= 0 && b.activation_bytes >= 0 && b.backward_bytes >= 0 && b.cost >= 0.0 &&
+                    std::isfinite(b.cost),
+                ValueError, "plan_checkpoints: block ", i, " has a negative size or cost (input_bytes ", b.input_bytes,
+                ", activation_bytes ", b.activation_bytes, ", backward_bytes ", b.backward_bytes, ", cost ", b.cost,
+                ")");
   }
 }
 
@@ -125,26 +131,25 @@ std::vector<CheckpointSegment> merge_kept(const std::vector<CheckpointSegment>& 
 
 // Fills the plan's numbers from its segments and the profile: Note [Checkpoint memory model], evaluated exactly.
 void evaluate(CheckpointPlan& plan, const std::vector<BlockProfile>& profile) {
-  int64_t held = 0, peak = 0, all = 0;  // held: P of the next segment
+  int64_t held = 0, peak = 0;  // held: P of the next segment
   double extra = 0.0, forward = 0.0;
-  for (const BlockProfile& b : profile) {
-    all += b.activation_bytes;
-    forward += b.cost;
-  }
+  for (const BlockProfile& b : profile) forward += b.cost;
   for (const CheckpointSegment& s : plan.segments) {
+    const int64_t in = s.recompute ? profile[s.begin].input_bytes : 0;
     int64_t a = 0;
-    for (int64_t i = s.begin; i < s.end; ++i) a += profile[i].activation_bytes;
-    if (s.recompute) {
-      const int64_t in = profile[s.begin].input_bytes;
-      peak = std::max(peak, held + in + a);
-      held += in;
-      for (int64_t i = s.begin; i < s.end; ++i) extra += profile[i].cost;
-    } else {
-      held += a;
+    for (int64_t k = s.begin; k < s.end; ++k) {
+      a += profile[k].activation_bytes;
+      peak = std::max(peak, held + in + a + profile[k].backward_bytes);
+      if (s.recompute) extra += profile[k].cost;
     }
+    held += s.recompute ? in : a;
   }
   plan.predicted_peak_bytes = std::max(peak, held);
-  plan.no_checkpoint_bytes = all;
+  CheckpointPlan keep_all;
+  keep_all.segments = {{0, static_cast<int64_t>(profile.size()), false}};
+  plan.no_checkpoint_bytes = plan.segments.size() == 1 && !plan.segments[0].recompute
+                                 ? plan.predicted_peak_bytes
+                                 : (evaluate(keep_all, profile), keep_all.predicted_peak_bytes);
   plan.extra_cost = extra;
   plan.forward_cost = forward;
 }
@@ -158,16 +163,20 @@ bool cost_less(double a, double b) {
 struct Prefix {
   std::vector<int64_t> a;  // a[j] = activation bytes of blocks [0, j)
   std::vector<double> c;   // c[j] = cost of blocks [0, j)
+  int64_t keep_all = 0;    // the predicted peak with every block kept: max_k A(0..k) + T_k
 };
 
 // Note [Budget DP]
 // The cheapest plan with predicted peak <= B (when keeping everything does not fit) is a DP over states (j, u):
 // j blocks planned, u = the held prefix P(j) in units of U = ceil(B / 256) bytes, where every segment's
 // contribution to P (A of a kept run, in of a recomputed segment) is rounded UP to whole units — so u * U >= the
-// true P. A state's value is the least extra cost reaching it. From (i, u):
-//   keep [i, j):       u' = u + units(A(i..j)),                 allowed when u' <= cap = floor(B / U);
-//   recompute [i, j):  u' = u + units(in_i), cost + C(i..j),    allowed when u' <= cap and u*U + in_i + A(i..j) <= B.
-// Both checks bound the model's terms from above (P(end) <= u'*U <= B; P(s) + in(s) + A(s) <= u*U + ...), so a plan
+// true P. A state's value is the least extra cost reaching it. With M(i, j) = max over k in [i, j) of
+// A(i..k) + T_k (the most a run holds during its backward, built as i decreases: M(i, j) = a_i + max(T_i,
+// M(i+1, j))), from (i, u):
+//   keep [i, j):       u' = u + units(A(i..j)),               allowed when u' <= cap = floor(B / U) and
+//                                                              u*U + M(i, j) <= B;
+//   recompute [i, j):  u' = u + units(in_i), cost + C(i..j),  allowed when u' <= cap and u*U + in_i + M(i, j) <= B.
+// The checks bound the model's terms from above (each block's term is at most u*U + [in_i] + M(i, j)), so a plan
 // the DP accepts fits the model exactly. The answer is the least cost over u at j = n (ties: the smaller u), read
 // back through parent pointers, adjacent kept runs merged. Rounding loses at most one unit per segment: any plan
 // with predicted peak <= B - n*U is seen, so the result costs no more than the cheapest such plan. O(n^2 * 256)
@@ -185,18 +194,22 @@ std::vector<CheckpointSegment> budget_dp(const std::vector<BlockProfile>& p, con
   cost[0] = 0.0;
   for (int64_t j = 1; j <= n; ++j) {
     double* dst = cost.data() + j * w;
+    int64_t m = 0;  // M(i, j)
     for (int64_t i = j - 1; i >= 0; --i) {
+      m = p[i].activation_bytes + std::max(p[i].backward_bytes, i == j - 1 ? int64_t{0} : m);
+      if (m > budget) break;  // every longer run holds at least as much
       const double* src = cost.data() + i * w;
       const int64_t a = pre.a[j] - pre.a[i];
       const int64_t ku = units(a);
-      for (int64_t u = 0; u + ku <= cap; ++u)
+      const int64_t keep_max = std::min(cap - ku, (budget - m) / unit);
+      for (int64_t u = 0; u <= keep_max; ++u)
         if (src[u] < dst[u + ku]) {
           dst[u + ku] = src[u];
           from[j * w + u + ku] = static_cast<int32_t>(i);
           rec[j * w + u + ku] = 0;
         }
       const int64_t in = p[i].input_bytes;
-      const int64_t room = budget - in - a;  // u * U must not exceed it
+      const int64_t room = budget - in - m;  // u * U must not exceed it
       if (room < 0) continue;
       const int64_t ru = units(in);
       const int64_t u_max = std::min(cap - ru, room / unit);
@@ -230,7 +243,7 @@ std::vector<CheckpointSegment> budget_dp(const std::vector<BlockProfile>& p, con
 std::vector<CheckpointSegment> cheapest_within(const std::vector<BlockProfile>& p, const Prefix& pre,
                                                int64_t budget) {
   const int64_t n = static_cast<int64_t>(p.size());
-  if (pre.a[n] <= budget) return {{0, n, false}};
+  if (pre.keep_all <= budget) return {{0, n, false}};
   return budget_dp(p, pre, budget);
 }
 
@@ -238,11 +251,12 @@ std::vector<CheckpointSegment> cheapest_within(const std::vector<BlockProfile>& 
 // When the budget DP finds no plan for B (none fits, or only plans within its rounding of B do), the plan returned
 // has the smallest predicted peak M*, found exactly; fits then says whether M* <= B after all. Whether
 // some plan has peak <= M is a DP over blocks done j alone: held(j) = the least P(j) over plans of [0, j) whose
-// recomputed segments all satisfy P(s) + in(s) + A(s) <= M. The least held prefix is the best state to go on from
-// (every later term grows with P), so
-//     held(j) = min( held(j-1) + a_{j-1},  min over i with held(i) + in_i + A(i..j) <= M of held(i) + in_i )
-// and M is feasible iff held(n) <= M; O(n^2). M* is found by binary search over [0, A(whole chain)] (keeping
-// everything has peak A(whole chain)). The plan is then the budget DP's at B = M* when it finds one (the cheapest
+// blocks' terms (Note [Checkpoint memory model]) are all <= M. The least held prefix is the best state to go on
+// from (every later term grows with P), so, with M(i, j) as in Note [Budget DP],
+//     held(j) = min( held(j-1) + a_{j-1}  if held(j-1) + a_{j-1} + T_{j-1} <= M,
+//                    min over i with held(i) + in_i + M(i, j) <= M of held(i) + in_i )
+// and M is feasible iff held(n) is defined; O(n^2). M* is found by binary search over [0, keep-all peak] (keeping
+// everything is feasible there). The plan is then the budget DP's at B = M* when it finds one (the cheapest
 // such plan up to the rounding of Note [Budget DP]), else the least-held plan of this DP (ties: less cost).
 std::vector<CheckpointSegment> least_held_segments(const std::vector<BlockProfile>& p, const Prefix& pre, int64_t m) {
   const int64_t n = static_cast<int64_t>(p.size());
@@ -252,9 +266,13 @@ std::vector<CheckpointSegment> least_held_segments(const std::vector<BlockProfil
   std::vector<int64_t> from(n + 1, -1);  // -1: block j-1 kept; else the recomputed segment [from, j)
   held[0] = {0, 0.0};
   for (int64_t j = 1; j <= n; ++j) {
-    if (held[j - 1] != none) held[j] = {held[j - 1].first + p[j - 1].activation_bytes, held[j - 1].second};
+    const BlockProfile& last = p[j - 1];
+    if (held[j - 1] != none && held[j - 1].first + last.activation_bytes + last.backward_bytes <= m)
+      held[j] = {held[j - 1].first + last.activation_bytes, held[j - 1].second};
+    int64_t run = 0;  // M(i, j)
     for (int64_t i = j - 1; i >= 0; --i) {
-      if (held[i] == none || held[i].first + p[i].input_bytes + pre.a[j] - pre.a[i] > m) continue;
+      run = p[i].activation_bytes + std::max(p[i].backward_bytes, i == j - 1 ? int64_t{0} : run);
+      if (held[i] == none || held[i].first + p[i].input_bytes + run > m) continue;
       const Key k{held[i].first + p[i].input_bytes, held[i].second + pre.c[j] - pre.c[i]};
       if (k < held[j]) {
         held[j] = k;
@@ -263,7 +281,7 @@ std::vector<CheckpointSegment> least_held_segments(const std::vector<BlockProfil
     }
   }
   std::vector<CheckpointSegment> segs;
-  if (held[n] == none || held[n].first > m) return segs;
+  if (held[n] == none) return segs;
   for (int64_t j = n; j > 0;) {
     if (from[j] < 0) {
       segs.push_back({j - 1, j, false});
@@ -278,8 +296,7 @@ std::vector<CheckpointSegment> least_held_segments(const std::vector<BlockProfil
 }
 
 std::vector<CheckpointSegment> smallest_peak_segments(const std::vector<BlockProfile>& p, const Prefix& pre) {
-  const int64_t n = static_cast<int64_t>(p.size());
-  int64_t lo = 0, hi = pre.a[n];  // hi is feasible
+  int64_t lo = 0, hi = pre.keep_all;  // hi is feasible
   while (lo < hi) {
     const int64_t mid = lo + (hi - lo) / 2;
     if (least_held_segments(p, pre, mid).empty())
@@ -311,10 +328,11 @@ CheckpointPlan plan_checkpoints(const std::vector<BlockProfile>& profile, const 
       break;
     }
     case CheckpointPolicy::Kind::budget: {
-      Prefix pre{std::vector<int64_t>(n + 1, 0), std::vector<double>(n + 1, 0.0)};
+      Prefix pre{std::vector<int64_t>(n + 1, 0), std::vector<double>(n + 1, 0.0), 0};
       for (int64_t i = 0; i < n; ++i) {
         pre.a[i + 1] = pre.a[i] + profile[i].activation_bytes;
         pre.c[i + 1] = pre.c[i] + profile[i].cost;
+        pre.keep_all = std::max(pre.keep_all, pre.a[i + 1] + profile[i].backward_bytes);
       }
       plan.segments = cheapest_within(profile, pre, policy.budget_bytes);
       if (plan.segments.empty()) plan.segments = smallest_peak_segments(profile, pre);  // Note [Smallest peak]
@@ -350,6 +368,82 @@ Tensor detached_like(const Tensor& t) {
   Tensor d = t.detach();
   if (t.requires_grad()) d.requires_grad_();
   return d;
+}
+
+// The leaves a graph accumulates into (its AccumulateGrad nodes), each once, `skip` excluded.
+std::vector<Tensor> graph_leaves(const Tensor& root, const Tensor& skip) {
+  std::vector<Tensor> leaves;
+  std::unordered_set<const Node*> seen;
+  std::vector<Node*> stack;
+  if (const Edge e = gradient_edge(root); e.fn) stack.push_back(e.fn.get());
+  while (!stack.empty()) {
+    Node* n = stack.back();
+    stack.pop_back();
+    if (!seen.insert(n).second) continue;
+    if (const auto* acc = dynamic_cast<const AccumulateGrad*>(n)) {
+      if (!skip.defined() || acc->leaf().unsafe_impl() != skip.unsafe_impl()) leaves.push_back(acc->leaf());
+      continue;
+    }
+    for (const Edge& e : n->next_edges())
+      if (e.fn) stack.push_back(e.fn.get());
+  }
+  return leaves;
+}
+
+// Note [Backward transients]
+// A block's backward holds, for a moment, more than its activations: the gradient flowing in, the one flowing out,
+// each weight's fresh gradient before it is added into .grad, and kernels' temporaries. profile_chain measures it
+// per block in the steady state of training — the parameters' .grad already exist (a second micro-batch, or a step
+// after zero_grad(set_to_none = false)) — as the device allocator's peak window over a backward seeded with a
+// gradient of the block's output, above the bytes held before the seed was made. The leaves' .grad are set to
+// zeros for the measurement and their hooks set aside (a DDP hook must not fire for a profile), then everything is
+// put back, also when the backward throws.
+class LeafStash {
+ public:
+  explicit LeafStash(const std::vector<Tensor>& leaves) {
+    for (const Tensor& leaf : leaves) {
+      AutogradMeta& m = get_or_create_meta(leaf);
+      saved_.push_back({leaf, std::move(m.grad), std::move(m.leaf_hooks), std::move(m.post_accumulate_hooks)});
+      m.leaf_hooks.clear();
+      m.post_accumulate_hooks.clear();
+      NoGradGuard no_grad;
+      m.grad = zeros(leaf.sizes(), {leaf.dtype(), leaf.device()});
+    }
+  }
+  ~LeafStash() {
+    for (Saved& s : saved_) {
+      AutogradMeta& m = get_or_create_meta(s.leaf);
+      m.grad = std::move(s.grad);
+      m.leaf_hooks = std::move(s.hooks);
+      m.post_accumulate_hooks = std::move(s.post_hooks);
+    }
+  }
+  LeafStash(const LeafStash&) = delete;
+  LeafStash& operator=(const LeafStash&) = delete;
+
+ private:
+  struct Saved {
+    Tensor leaf, grad;
+    std::vector<std::shared_ptr<HookEntry>> hooks;
+    std::vector<std::shared_ptr<PostHookEntry>> post_hooks;
+  };
+  std::vector<Saved> saved_;
+};
+
+// Note [Backward transients]: the most block b's backward holds above the bytes held before it.
+int64_t measure_backward(const Tensor& y, const Tensor& input) {
+  if (!requires_grad(y) || y.device().is_meta()) return 0;
+  memory::Allocator& alloc = allocator_for(y.device());
+  LeafStash stash(graph_leaves(y, input));
+  sync_if_cuda(y.device());
+  const int64_t before = alloc.stats().allocated_bytes;
+  memory::PeakWindow window(alloc);
+  {
+    Tensor seed = ones(y.sizes(), {y.dtype(), y.device()});
+    autograd::backward({y}, {seed});
+  }
+  sync_if_cuda(y.device());
+  return std::max<int64_t>(0, window.peak() - before);
 }
 
 }  // namespace
@@ -392,7 +486,9 @@ std::vector<BlockProfile> profile_chain(const std::vector<TensorFn>& blocks, con
       seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       EMBER_CHECK(y.defined(), ValueError, "profile_chain: block ", b, " returned an undefined tensor");
       next = detached_like(y);
+      out[b].backward_bytes = measure_backward(y, input);  // frees the block's graph (unless y needs no grad)
     }  // y and with it the block's graph are gone
+    if (input.defined() && requires_grad(input)) input.set_grad(Tensor());
     const StorageImpl* out_storage = next.storage().get();
     int64_t activation = 0;
     for (const auto& [ptr, s] : seen)

@@ -23,23 +23,29 @@ struct CheckpointPolicy {
   std::string str() const;  // the spelling parse takes
 };
 
-// What one forward through block i costs and keeps (measured by profile_chain).
+// What one forward through block i costs and keeps, and what its backward holds (measured by profile_chain).
 struct BlockProfile {
   int64_t input_bytes = 0;       // the block's input (kept when the block starts a recomputed segment)
   int64_t activation_bytes = 0;  // bytes of the distinct storages the block's ops save for backward, parameters and
                                  // the block's input excluded
   double cost = 0.0;             // forward time, seconds (what a recomputation costs)
+  int64_t backward_bytes = 0;    // the most the block's backward holds beyond its activations: the gradient flowing
+                                 // in, the one flowing out, each weight's fresh gradient before it is added into
+                                 // .grad, temporaries (Note [Backward transients])
 };
 
 // Note [Checkpoint memory model]
 // Segments S_1..S_m in chain order; a kept segment s holds A(s) (the sum of activation_bytes over its blocks) from
 // its forward until backward passes it; a recomputed segment holds only in(s) (its first block's input_bytes) —
-// until backward reaches it, re-runs it, and holds in(s) + A(s) while its blocks' backward runs. With
-// P(s) = the bytes held by the segments before s (sum of A over kept ones, in over recomputed ones), the activation
-// memory the plan predicts for a training step is
-//     max( P(end of chain),  max over recomputed s of  P(s) + in(s) + A(s) )
-// since backward visits the chain in reverse: when s is re-run, every segment after it has already been freed and
-// every segment before it is still held. Extra compute is the sum of cost over recomputed blocks.
+// until backward reaches it, re-runs it, and holds in(s) + A(s) while its blocks' backward runs. Backward visits the
+// chain in reverse: when it reaches block k of segment s (first block b), every segment after s has been freed, the
+// blocks of s after k have released their activations, and every segment before s is still held. With P(s) = the
+// bytes held by the segments before s (sum of A over kept ones, in over recomputed ones) and T_k = backward_bytes,
+// the memory the plan predicts for a training step is
+//     max over blocks k ( P(s) + [in(s) if s is recomputed] + A(b..k) + T_k )
+// which also covers the end of the forward (P(end of chain) <= the term of the last block). With every T_k = 0 it is
+//     max( P(end of chain),  max over recomputed s of  P(s) + in(s) + A(s) ).
+// Extra compute is the sum of cost over recomputed blocks.
 struct CheckpointSegment {
   int64_t begin = 0, end = 0;  // blocks [begin, end)
   bool recompute = false;
@@ -48,7 +54,7 @@ struct CheckpointSegment {
 struct CheckpointPlan {
   CheckpointPolicy policy;
   std::vector<CheckpointSegment> segments;
-  int64_t predicted_peak_bytes = 0;  // the memory model above
+  int64_t predicted_peak_bytes = 0;  // the memory model above: activations and backward's transients
   int64_t no_checkpoint_bytes = 0;   // the same with every block kept
   double extra_cost = 0.0;           // seconds of forward recomputed per step
   double forward_cost = 0.0;         // seconds of one forward of the whole chain
@@ -68,8 +74,9 @@ struct CheckpointPlan {
 // ValueError for an empty profile or negative sizes.
 CheckpointPlan plan_checkpoints(const std::vector<BlockProfile>& profile, const CheckpointPolicy& policy);
 
-// One recorded forward through the blocks from x, measuring each block's profile (saved-tensor hooks count the
-// storages saved; a steady clock times each block). The graph is discarded afterwards.
+// One recorded forward (and backward) through the blocks from x, measuring each block's profile (saved-tensor hooks
+// count the storages saved; a steady clock times each block's forward; the device allocator's peak window measures
+// each block's backward). Leaves the parameters' .grad, their hooks and the random stream as they were.
 std::vector<BlockProfile> profile_chain(const std::vector<TensorFn>& blocks, const Tensor& x);
 
 // Runs x through the blocks in order, each recomputed segment of the plan as one checkpointed region. ValueError when

@@ -155,8 +155,21 @@ class GraphTask {
                 buf.size());
     if (!grad.defined()) return;
     Tensor& slot = buf[input_nr];
-    if (!slot.defined()) slot = std::move(grad);
-    else slot = ops::add(slot, grad);
+    if (!slot.defined()) {
+      slot = std::move(grad);
+      return;
+    }
+    // Note [Input buffer accumulation]: a node whose output is used twice (a residual stream, a shared weight) gets
+    // two gradients. The sum goes into the buffered one in place when nothing else can see it — its only reference
+    // is this slot and its storage is its own, dense — as PyTorch's InputBuffer does; backward then holds two
+    // gradients, not three. Otherwise (a view, a tensor some node also passed elsewhere) the sum is a new tensor.
+    const bool sole_owner = slot.use_count() == 1 && slot.storage() && slot.storage().use_count() == 1 &&
+                            slot.is_contiguous() && slot.storage_offset() == 0 &&
+                            slot.nbytes() == slot.storage()->nbytes() && meta_of(slot) == nullptr;
+    if (sole_owner && slot.sizes() == grad.sizes() && slot.dtype() == grad.dtype() && is_floating(slot.dtype()))
+      ops::add_(slot, grad);
+    else
+      slot = ops::add(slot, grad);
   }
 
   void execute(Node* node, std::priority_queue<Node*, std::vector<Node*>, ReadyOrder>& ready) {

@@ -131,7 +131,7 @@ class Hooks final : public AutogradHooks {
     std::weak_ptr<AutogradMetaBase> weak = t.unsafe_impl()->autograd_meta;
     auto entry = std::make_shared<HookEntry>();
     entry->fn = [weak](const Tensor& g) -> Tensor {
-      if (auto base = weak.lock()) accumulate_into(static_cast<AutogradMeta*>(base.get())->grad, g);
+      if (auto base = weak.lock()) accumulate_into(static_cast<AutogradMeta*>(base.get())->grad, g, /*in_place=*/false);
       return Tensor();
     };
     m->grad_fn->add_retains_grad_hook(m->output_nr, entry);

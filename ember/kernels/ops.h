@@ -49,6 +49,9 @@ Tensor ge(const Tensor& a, const Tensor& b);
 // Scalar operands take the tensor's dtype (a float scalar with an integer tensor gives f32), like PyTorch; their value
 // is kept in the compute type (f32 for f16/bf16), not rounded to the tensor's dtype first.
 Tensor add(const Tensor& a, Scalar b);
+// a += b in place (b broadcast to a's shape and cast to a's dtype; a floating, non-overlapping and dense). Marks the
+// write on a's version counter. Gradient accumulation uses it (Note [Gradient accumulation] in accumulate_grad.cpp).
+void add_(const Tensor& a, const Tensor& b);
 Tensor sub(const Tensor& a, Scalar b);
 Tensor mul(const Tensor& a, Scalar b);
 Tensor div(const Tensor& a, Scalar b);

@@ -98,6 +98,20 @@ Tensor unary_op(UnaryOp op, const Tensor& x, UnaryParams p, bool integer_ok) {
 // ---- binary ----------------------------------------------------------------------------------------------------
 Tensor add(const Tensor& a, const Tensor& b) { return binary_op(BinaryOp::Add, a, b); }
 Tensor sub(const Tensor& a, const Tensor& b) { return binary_op(BinaryOp::Sub, a, b); }
+
+void add_(const Tensor& a, const Tensor& b) {
+  check_defined("add_", a, "destination");
+  check_defined("add_", b, "operand");
+  const Device device = common_device("add_", {&a, &b});
+  check_floating("add_", a);
+  EMBER_CHECK(a.is_contiguous(), ValueError, "add_: the destination ", a.description(),
+              " must be contiguous (an in-place write into overlapping or strided memory)");
+  EMBER_CHECK(broadcast_shapes(a.sizes(), b.sizes(), "add_") == a.sizes(), ShapeError, "add_: ", b.description(),
+              " does not broadcast to the destination's shape ", a.description());
+  // The kernel reads a[i] and b[i] before writing out[i] = a[i]: the same element, so out may alias a.
+  if (needs_kernel(a)) binary_stub.get(device.type)(BinaryOp::Add, a, b.to(a.dtype()).expand(a.sizes()), a);
+  a.bump_version();
+}
 Tensor mul(const Tensor& a, const Tensor& b) { return binary_op(BinaryOp::Mul, a, b); }
 Tensor div(const Tensor& a, const Tensor& b) { return binary_op(BinaryOp::Div, a, b); }
 Tensor pow(const Tensor& a, const Tensor& b) { return binary_op(BinaryOp::Pow, a, b); }

@@ -38,6 +38,28 @@ class Allocator {
   virtual AllocatorStats stats() const = 0;
   virtual void reset_peak_stats() = 0;
   virtual std::string name() const = 0;
+
+  // Peak windows: a high-water mark of allocated bytes private to one caller (a profiler, an estimator, a phase
+  // report), independent of reset_peak_stats() and of other open windows. open_peak_window() returns an id whose
+  // peak starts at the current allocated bytes; peak_window(id) reads it; close_peak_window(id) ends it. An allocator
+  // that keeps no windows throws ValueError (use PeakWindow below, which says so in its message).
+  virtual uint64_t open_peak_window();
+  virtual int64_t peak_window(uint64_t id) const;
+  virtual void close_peak_window(uint64_t id) {}
+};
+
+// An open peak window for the lifetime of the object.
+class PeakWindow {
+ public:
+  explicit PeakWindow(Allocator& allocator) : allocator_(allocator), id_(allocator.open_peak_window()) {}
+  ~PeakWindow() { allocator_.close_peak_window(id_); }
+  PeakWindow(const PeakWindow&) = delete;
+  PeakWindow& operator=(const PeakWindow&) = delete;
+  int64_t peak() const { return allocator_.peak_window(id_); }  // highest allocated bytes since construction
+
+ private:
+  Allocator& allocator_;
+  uint64_t id_;
 };
 
 // Human-readable byte count: "1.50 MiB".

@@ -161,6 +161,8 @@ struct CachingAllocator::Impl {
   std::vector<std::pair<EventId, Block*>> events; // outstanding cross-stream events, in record order
   DeviceStats stats;
   int64_t peak_active_bytes_since_reset = 0, peak_reserved_bytes_since_reset = 0;
+  std::vector<std::pair<uint64_t, int64_t>> peak_windows;  // (id, peak allocated bytes) of the open windows
+  uint64_t next_window_id = 1;
   uint64_t clock = 0;    // logical time for LRU
   uint64_t next_id = 1;  // allocation ids
   TraceRing trace;
@@ -687,6 +689,7 @@ struct CachingAllocator::Impl {
     });
     if (b->size >= config.max_split_size) stats.oversize_allocations.increase(1);
     note_active_peak();
+    for (auto& w : peak_windows) w.second = std::max(w.second, stats.allocated_bytes[kAggregatePool].current);
     record(TraceAction::Alloc, b->id, nbytes, b->size, b->ptr, stream, b->tag);
     if (poison_allocations() && backing.materialized()) std::memset(b->ptr, kPoisonByte, static_cast<size_t>(nbytes));
     return b->ptr;
@@ -838,6 +841,26 @@ AllocatorStats CachingAllocator::stats() const {
   out.num_frees = s.allocation[kAggregatePool].freed;
   out.num_ooms = s.num_ooms;
   return out;
+}
+
+uint64_t CachingAllocator::open_peak_window() {
+  std::lock_guard<std::mutex> lock(impl_->mutex);
+  const uint64_t id = impl_->next_window_id++;
+  impl_->peak_windows.emplace_back(id, impl_->stats.allocated_bytes[kAggregatePool].current);
+  return id;
+}
+
+int64_t CachingAllocator::peak_window(uint64_t id) const {
+  std::lock_guard<std::mutex> lock(impl_->mutex);
+  for (const auto& w : impl_->peak_windows)
+    if (w.first == id) return w.second;
+  EMBER_THROW(ValueError, name_, ": no open peak window ", id);
+}
+
+void CachingAllocator::close_peak_window(uint64_t id) {
+  std::lock_guard<std::mutex> lock(impl_->mutex);
+  auto& ws = impl_->peak_windows;
+  ws.erase(std::remove_if(ws.begin(), ws.end(), [id](const auto& w) { return w.first == id; }), ws.end());
 }
 
 void CachingAllocator::reset_peak_stats() {

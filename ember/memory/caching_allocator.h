@@ -111,6 +111,9 @@ class CachingAllocator final : public Allocator {
   AllocatorStats stats() const override;
   void reset_peak_stats() override;
   std::string name() const override { return name_; }
+  uint64_t open_peak_window() override;
+  int64_t peak_window(uint64_t id) const override;
+  void close_peak_window(uint64_t id) override;
 
   DeviceStats device_stats() const;
   FragmentationMetrics fragmentation() const;

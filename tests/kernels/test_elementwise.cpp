@@ -329,6 +329,31 @@ TEST_P(ElementwiseTest, ScalarOperandsMatchReference) {
   }
 }
 
+TEST_P(ElementwiseTest, AddInPlaceMatchesReference) {
+  EMBER_REQUIRE_KERNEL(binary_stub);
+  // a += b for f32, f16, bf16 destinations, a broadcast f32 operand (cast to the destination's dtype), against f64.
+  for (DType dt : {DType::f32, DType::f16, DType::bf16}) {
+    SCOPED_TRACE(dtype_name(dt));
+    const Tensor a0 = rand_input({5, 6}), b0 = rand_input({1, 6});
+    Tensor a = a0.to(dt).to(device());
+    const Tensor b = b0.to(device());
+    const void* data = a.raw_data();
+    const int64_t version = a.version();
+    ops::add_(a, b);
+    EXPECT_EQ(a.raw_data(), data) << "in place";
+    EXPECT_GT(a.version(), version);
+    const std::vector<double> va = a0.to(dt).to_vector<double>(), vb = b0.to_vector<double>();
+    std::vector<double> want(va.size());
+    for (size_t i = 0; i < va.size(); ++i) want[i] = va[i] + vb[i % 6];
+    const double tol = dt == DType::f32 ? 1e-6 : dt == DType::f16 ? 2e-3 : 1.6e-2;
+    EXPECT_TRUE(allclose(a.to(DType::f64).to(Device::cpu()), from_vector(want, {5, 6}), Tolerance{tol, tol}));
+  }
+  Tensor wide = rand_input({4, 6}).to(device());
+  EXPECT_THROW(ops::add_(rand_input({1, 6}).to(device()), wide), ShapeError);
+  EXPECT_THROW(ops::add_(wide.t(), rand_input({6, 4}).to(device())), ValueError);
+  EXPECT_THROW(ops::add_(zeros({3}, {DType::i64, device()}), rand_input({3}).to(device())), DTypeError);
+}
+
 TEST_P(ElementwiseTest, WhereMatchesReference) {
   EMBER_REQUIRE_KERNEL(where_stub);
   const auto mask = [](const Shape& shape) {

@@ -10,6 +10,7 @@
 
 #include "ember/base/error.h"
 #include "ember/memory/caching_allocator.h"
+#include "ember/memory/host_allocator.h"
 #include "tests/harness/op_harness.h"
 #include "tests/memory/caching_test_util.h"
 
@@ -462,6 +463,36 @@ TEST(CachingPoison, MaterializedAllocationsReadAsFF) {
   EXPECT_EQ(r[0], 0x11);
   EXPECT_EQ(r[4095], 0x11);
   a->deallocate(r);
+}
+
+}  // namespace
+
+namespace {
+
+TEST(CachingRules, PeakWindowsAreIndependentOfResetsAndOfEachOther) {
+  auto a = make_allocator(GiB);
+  void* base = a->allocate(1 * MiB);  // 1 MiB live before the windows open
+  const uint64_t outer = a->open_peak_window();
+  EXPECT_EQ(a->peak_window(outer), 1 * MiB);
+  void* p = a->allocate(4 * MiB);
+  a->deallocate(p);
+  int64_t inner_peak = 0;
+  {
+    PeakWindow inner(*a);  // opens at 1 MiB, after the 4 MiB came and went
+    a->reset_peak_stats();
+    void* q = a->allocate(2 * MiB);
+    inner_peak = inner.peak();
+    a->deallocate(q);
+  }
+  EXPECT_EQ(inner_peak, 3 * MiB);
+  EXPECT_EQ(a->peak_window(outer), 5 * MiB);  // the reset did not touch it
+  EXPECT_EQ(a->stats().peak_allocated_bytes, 3 * MiB);
+  a->close_peak_window(outer);
+  EXPECT_THROW((void)a->peak_window(outer), ValueError);
+  a->deallocate(base);
+  EXPECT_EQ(verify_caching_allocator(*a), "");
+  HostAllocator host;  // keeps no windows
+  EXPECT_THROW((void)host.open_peak_window(), ValueError);
 }
 
 }  // namespace
