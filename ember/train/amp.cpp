@@ -159,6 +159,32 @@ double AmpTrainer::loss_scale() const {
   return scaler_ ? scaler_->get_scale() : 1.0;
 }
 
+optim::StateDict AmpTrainer::state_dict() const {
+  if (mixed_) return mixed_->state_dict();
+  optim::StateDict out = plain_->state_dict();
+  if (scaler_)
+    for (auto& [name, t] : scaler_->state_dict()) out.emplace_back("scaler." + name, t);
+  return out;
+}
+
+void AmpTrainer::load_state_dict(const optim::StateDict& dict) {
+  if (mixed_) return mixed_->load_state_dict(dict);
+  optim::StateDict inner, scaler;
+  for (const auto& [name, t] : dict) (name.rfind("scaler.", 0) == 0 ? scaler : inner).emplace_back(name, t);
+  EMBER_CHECK(scaler_ || scaler.empty(), ValueError, "AmpTrainer::load_state_dict: the dict has loss-scaler entries (",
+              scaler.front().first, ") but mode ", amp_mode_name(mode_), " does not scale");
+  EMBER_CHECK(!scaler_ || !scaler.empty(), ValueError, "AmpTrainer::load_state_dict: mode ", amp_mode_name(mode_),
+              " needs the loss scaler's entries (\"scaler.*\"), the dict has none");
+  for (auto& [name, t] : scaler) name = name.substr(7);
+  if (scaler_) {
+    // Validate both parts before loading either: the scaler's by loading into a copy first.
+    optim::GradScaler probe(scaler_->options());
+    probe.load_state_dict(scaler);
+  }
+  plain_->load_state_dict(inner);
+  if (scaler_) scaler_->load_state_dict(scaler);
+}
+
 MemoryBreakdown AmpTrainer::memory() const {
   MemoryBreakdown m;
   if (mixed_) {

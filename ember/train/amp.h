@@ -60,6 +60,12 @@ class AmpTrainer {
   double loss_scale() const;                  // 1 where the mode does not scale
   int64_t steps_skipped() const { return steps_skipped_; }
   MemoryBreakdown memory() const;             // activations left 0
+  // Everything the trainer's steps change besides the model: the optimizer's state_dict (fp16/bf16: the
+  // MixedPrecisionOptimizer's — inner state, fp32 masters, loss scaler), or the plain optimizer's followed by the
+  // GradScaler's entries prefixed "scaler." (autocast-fp16). load_state_dict takes one from a trainer of the same
+  // mode over the same parameters and validates it before changing anything (ValueError).
+  optim::StateDict state_dict() const;
+  void load_state_dict(const optim::StateDict& dict);
 
  private:
   nn::Module& model_;

@@ -157,5 +157,51 @@ TEST(AmpTrainer, ClippingSeesUnscaledGradientsAndANaNSkipsTheStep) {
   }
 }
 
+// state_dict / load_state_dict: 2 steps, save (deep copies of the model's and the trainer's state), 3 more steps;
+// then load the saved state and run the same 3 steps again — the weights and the loss scale come out bitwise equal.
+TEST(AmpTrainer, StateDictRoundTripRepeatsTheSameSteps) {
+  const Regression data;
+  for (AmpMode mode : {AmpMode::none, AmpMode::fp16, AmpMode::bf16, AmpMode::autocast_fp16, AmpMode::autocast_bf16}) {
+    SCOPED_TRACE(train::amp_mode_name(mode));
+    manual_seed(3);
+    nn::Linear model(8, 3);
+    AmpTrainer trainer(model, {optim::ParamGroup{model.parameters()}}, adamw(3e-2), mode);
+    auto step = [&] {
+      Tensor loss;
+      {
+        AutocastGuard region = trainer.autocast();
+        loss = F::mse_loss(model.forward(data.x), data.y);
+      }
+      trainer.backward(loss);
+      trainer.step();
+      trainer.zero_grad();
+    };
+    auto deep = [](const optim::StateDict& d) {
+      optim::StateDict out;
+      for (const auto& [name, t] : d) out.emplace_back(name, t.detach().clone());
+      return out;
+    };
+    step();
+    step();
+    const optim::StateDict saved_trainer = deep(trainer.state_dict());
+    const optim::StateDict saved_model = deep(model.state_dict());
+    for (int i = 0; i < 3; ++i) step();
+    const std::vector<double> want = model.weight.to(DType::f64).to_vector<double>();
+    const double want_scale = trainer.loss_scale();
+    model.load_state_dict(saved_model);
+    trainer.load_state_dict(saved_trainer);
+    for (int i = 0; i < 3; ++i) step();
+    EXPECT_EQ(model.weight.to(DType::f64).to_vector<double>(), want);
+    EXPECT_EQ(trainer.loss_scale(), want_scale);
+  }
+  // A dict of another mode is refused before anything changes.
+  manual_seed(3);
+  nn::Linear a(8, 3), b(8, 3);
+  AmpTrainer plain(a, {optim::ParamGroup{a.parameters()}}, adamw(3e-2), AmpMode::none);
+  AmpTrainer scaled(b, {optim::ParamGroup{b.parameters()}}, adamw(3e-2), AmpMode::autocast_fp16);
+  EXPECT_THROW(scaled.load_state_dict(plain.state_dict()), ValueError);
+  EXPECT_THROW(plain.load_state_dict(scaled.state_dict()), ValueError);
+}
+
 }  // namespace
 }  // namespace ember::testing
