@@ -205,6 +205,23 @@ StateDict MixedPrecisionOptimizer::state_dict() const {
   return out;
 }
 
+StateDict MixedPrecisionOptimizer::scaler_state_dict() const {
+  return detail::scaler_state_dict(loss_scale(), growth_tracker_.item<int32_t>(), options_.scaler, "");
+}
+
+void MixedPrecisionOptimizer::load_scaler_state_dict(const StateDict& entries) {
+  const std::string who = std::string(kWho) + "::load_scaler_state_dict";
+  const detail::ScalerState s = detail::parse_scaler_state(who.c_str(), entries);
+  NoGradGuard no_grad;
+  const bool enabled = options_.scaler.enabled;
+  options_.scaler = s.options;
+  options_.scaler.enabled = enabled;
+  if (uses_scaling(options_)) {
+    scale_.fill_(s.scale);
+    growth_tracker_.fill_(s.growth_tracker);
+  }
+}
+
 void MixedPrecisionOptimizer::load_state_dict(const StateDict& dict) {
   const std::string who = std::string(kWho) + "::load_state_dict";
   const int64_t n = static_cast<int64_t>(masters_.size());

@@ -91,6 +91,10 @@ class MixedPrecisionOptimizer {
   // nothing changed), copies the masters and rounds them into the model weights.
   StateDict state_dict() const;
   void load_state_dict(const StateDict& dict);
+  // The loss scaler's entries alone (GradScaler::state_dict's names, no prefix), and loading them: validated first,
+  // then written into the scale and growth tracker in place. For snapshots that restore the rest themselves.
+  StateDict scaler_state_dict() const;
+  void load_scaler_state_dict(const StateDict& entries);
 
  private:
   MixedPrecisionOptions options_;

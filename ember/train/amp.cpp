@@ -185,6 +185,18 @@ void AmpTrainer::load_state_dict(const optim::StateDict& dict) {
   if (scaler_) scaler_->load_state_dict(scaler);
 }
 
+optim::StateDict AmpTrainer::scaler_state_dict() const {
+  if (mixed_) return mode_ == AmpMode::fp16 ? mixed_->scaler_state_dict() : optim::StateDict{};
+  return scaler_ ? scaler_->state_dict() : optim::StateDict{};
+}
+
+void AmpTrainer::load_scaler_state_dict(const optim::StateDict& entries) {
+  if (mixed_ && mode_ == AmpMode::fp16) return mixed_->load_scaler_state_dict(entries);
+  if (scaler_) return scaler_->load_state_dict(entries);
+  EMBER_CHECK(entries.empty(), ValueError, "AmpTrainer::load_scaler_state_dict: mode ", amp_mode_name(mode_),
+              " has no loss scaler, but ", entries.size(), " entries were given");
+}
+
 MemoryBreakdown AmpTrainer::memory() const {
   MemoryBreakdown m;
   if (mixed_) {

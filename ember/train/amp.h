@@ -66,6 +66,10 @@ class AmpTrainer {
   // mode over the same parameters and validates it before changing anything (ValueError).
   optim::StateDict state_dict() const;
   void load_state_dict(const optim::StateDict& dict);
+  // The loss scaler's state alone (GradScaler::state_dict's names; empty where the mode does not scale), and loading
+  // it in place — for snapshots that restore the optimizer's tensors themselves (train/batch_finder.h).
+  optim::StateDict scaler_state_dict() const;
+  void load_scaler_state_dict(const optim::StateDict& entries);
 
  private:
   nn::Module& model_;

@@ -1,0 +1,281 @@
+// OOM-resilient step on a simulated small device (the CPU allocator rebuilt with a capacity; this file runs in
+// test_train_device, a process of its own): the step that OOMs at full batch finishes in micro-batches with the
+// weights of the same steps on an unbounded device, the allocator returns to the pre-step level and keeps its
+// invariants; OOMs planted mid-forward and mid-backward of a later micro-batch drop exactly that attempt; a single
+// row that does not fit gives up; the micro-batch size is remembered and may grow back.
+#include <gtest/gtest.h>
+
+#include "ember/autograd/hooks.h"
+#include "ember/ember.h"
+#include "ember/memory/cpu_allocator.h"
+#include "ember/nn/functional.h"
+#include "ember/nn/layers.h"
+#include "ember/nn/models.h"
+#include "ember/optim/sgd.h"
+#include "ember/train/oom_step.h"
+#include "tests/harness/op_harness.h"
+
+#if defined(__SANITIZE_ADDRESS__)
+#define EMBER_TEST_LSAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define EMBER_TEST_LSAN 1
+#endif
+#endif
+#if EMBER_TEST_LSAN
+#include <sanitizer/lsan_interface.h>
+#endif
+
+namespace ember::testing {
+namespace {
+
+namespace F = nn::functional;
+using memory::kMiB;
+using train::AmpMode;
+using train::AmpTrainer;
+using train::Batch;
+using train::LossResult;
+
+// Rebuilds the process-wide CPU allocator (it must hold no live allocation) as a device of `capacity` bytes
+// (memory::kNoLimit: the unbounded host); nothing to do when it already is one. The memory layer keeps a replaced
+// allocator alive on purpose (a caller may still hold it): LeakSanitizer is told so.
+void use_device(int64_t capacity) {
+  memory::CachingAllocator* old = &memory::cpu_allocator();
+  if (old->config().capacity == capacity) return;
+  memory::AllocatorConfig c = memory::alloc_config_from_env();
+  c.capacity = capacity;
+  memory::configure_cpu_allocator(c);
+#if EMBER_TEST_LSAN
+  __lsan_ignore_object(old);
+#endif
+}
+
+class OomStep : public ::testing::Test {
+ protected:
+  void TearDown() override { use_device(memory::kNoLimit); }
+};
+
+optim::OptimizerFactory sgd_momentum() {
+  return [](std::vector<optim::ParamGroup> g) {
+    return std::make_unique<optim::SGD>(std::move(g), optim::SGDOptions{.lr = 0.1, .momentum = 0.9});
+  };
+}
+
+// A 64-1024-10 MLP: 75k parameters (0.3 MiB), about 16 KiB of activations and their gradients per row.
+constexpr int64_t kIn = 64, kHidden = 1024, kOut = 10;
+std::shared_ptr<nn::Sequential> make_model() { return nn::make_mlp({kIn, kHidden, kOut}); }
+
+struct Data {
+  Tensor x, y;
+  explicit Data(int64_t rows) {
+    x = rand_input_seeded({rows, kIn}, 41).to(DType::f32);
+    std::vector<int64_t> labels;  // fixed by a seed (rand_indices draws a fresh one per call)
+    for (double u : rand_input_seeded({rows}, 42, 0.0, static_cast<double>(kOut)).to_vector<double>())
+      labels.push_back(static_cast<int64_t>(u));
+    y = from_vector(labels, {rows});
+  }
+};
+
+LossResult mean_ce(nn::Module& model, const Batch& b) {
+  return LossResult{F::cross_entropy(model.forward(b[0]), b[1]), b[0].size(0)};
+}
+
+std::vector<float> weights_of(nn::Module& model) {
+  std::vector<float> out;
+  for (const Tensor& p : model.parameters())
+    for (float v : p.to(DType::f32).to_vector<float>()) out.push_back(v);
+  return out;
+}
+
+// `steps` plain full-batch steps (forward, backward, step, zero_grad) of the MLP: the reference.
+std::vector<float> reference_weights(AmpMode mode, int64_t rows, int64_t steps) {
+  manual_seed(5);
+  std::shared_ptr<nn::Sequential> model = make_model();
+  AmpTrainer trainer(*model, {optim::ParamGroup{model->parameters()}}, sgd_momentum(), mode);
+  const Data data(rows);
+  for (int64_t i = 0; i < steps; ++i) {
+    Tensor loss;
+    {
+      AutocastGuard region = trainer.autocast();
+      loss = F::cross_entropy(model->forward(data.x), data.y);
+    }
+    trainer.backward(loss);
+    trainer.step();
+    trainer.zero_grad();
+  }
+  return weights_of(*model);
+}
+
+void expect_close(const std::vector<float>& a, const std::vector<float>& b, double rtol, double atol) {
+  ASSERT_EQ(a.size(), b.size());
+  int bad = 0;
+  for (size_t i = 0; i < a.size() && bad < 5; ++i)
+    if (std::abs(static_cast<double>(a[i]) - b[i]) > atol + rtol * std::abs(static_cast<double>(b[i]))) {
+      ADD_FAILURE() << "element " << i << ": " << a[i] << " vs " << b[i];
+      ++bad;
+    }
+}
+
+TEST_F(OomStep, FullBatchThatDoesNotFitFinishesInMicroBatches) {
+  constexpr int64_t kRows = 1024;
+  const std::vector<float> ref = reference_weights(AmpMode::none, kRows, 2);  // on the unbounded host
+
+  use_device(6 * kMiB);
+  memory::CachingAllocator& alloc = memory::cpu_allocator();
+  {
+    manual_seed(5);
+    std::shared_ptr<nn::Sequential> model = make_model();
+    AmpTrainer trainer(*model, {optim::ParamGroup{model->parameters()}}, sgd_momentum(), AmpMode::none);
+    const Data data(kRows);
+    std::vector<train::OomEvent> events;
+    int64_t before = 0;
+    train::OomStepOptions o;
+    o.on_oom = [&](const train::OomEvent& e) {
+      events.push_back(e);
+      EXPECT_NO_THROW(alloc.check_invariants());
+      // The first attempt of a step holds no earlier gradient: everything it made is gone.
+      if (e.start == 0) EXPECT_EQ(e.stats.allocated_bytes, before) << "the failed attempt left tensors behind";
+    };
+    train::OomResilientStep step(*model, trainer, o);
+    auto loss_fn = [&](const Batch& b) { return mean_ce(*model, b); };
+
+    before = alloc.stats().allocated_bytes;
+    const train::StepResult r1 = step.step({data.x, data.y}, loss_fn);
+    EXPECT_GE(r1.ooms, 1) << "the full batch must not fit a 6 MiB device";
+    ASSERT_FALSE(events.empty());
+    EXPECT_EQ(events[0].rows, kRows);
+    EXPECT_EQ(events[0].next_rows, kRows / 2);
+    EXPECT_TRUE(r1.stepped);
+    EXPECT_EQ(r1.samples, kRows);
+    EXPECT_EQ(r1.count, kRows) << "every sample counted once";
+    EXPECT_GT(r1.micro_batches, 1);
+    EXPECT_LT(step.micro_batch_size(), kRows);
+    EXPECT_EQ(step.micro_batch_size(), r1.micro_batch_size) << "the working size is remembered";
+    std::cout << "[oom step] 6 MiB device: " << r1.ooms << " OOM(s), micro-batches of " << step.micro_batch_size()
+              << " rows\n";
+
+    // The second step starts at the remembered size: no OOM, and the allocator ends where it started.
+    events.clear();
+    before = alloc.stats().allocated_bytes;
+    const train::StepResult r2 = step.step({data.x, data.y}, loss_fn);
+    EXPECT_EQ(r2.ooms, 0);
+    EXPECT_EQ(alloc.stats().allocated_bytes, before) << "allocator statistics back at the pre-step level";
+    EXPECT_NO_THROW(alloc.check_invariants());
+
+    expect_close(weights_of(*model), ref, 1e-5, 1e-6);
+  }
+  EXPECT_EQ(alloc.stats().allocated_bytes, 0);
+}
+
+// Micro-batches of 8 rows on a device where nothing OOMs by itself; the `fail_at`-th forward (phase forward) or
+// backward (phase backward) of the step asks for more than the device holds.
+void planted_oom(AmpMode mode, const std::string& phase) {
+  SCOPED_TRACE(std::string(train::amp_mode_name(mode)) + ", OOM in the " + phase);
+  constexpr int64_t kRows = 32, kFailAt = 3;
+  use_device(64 * kMiB);
+  const std::vector<float> ref = reference_weights(mode, kRows, 1);
+  memory::CachingAllocator& alloc = memory::cpu_allocator();
+  manual_seed(5);
+  std::shared_ptr<nn::Sequential> model = make_model();
+  AmpTrainer trainer(*model, {optim::ParamGroup{model->parameters()}}, sgd_momentum(), mode);
+  const Data data(kRows);
+  int64_t forwards = 0, backwards = 0;
+  auto too_big = [] { return empty({128 * kMiB}, TensorOptions(DType::f32)); };  // 512 MiB
+  // The first layer's weight gets its gradient last: by then the other layers' gradients are in .grad.
+  const Tensor first_weight = model->at<nn::Linear>(0)->weight;
+  autograd::HookHandle hook = autograd::register_hook(first_weight, [&](const Tensor&) {
+    if (phase == "backward" && ++backwards == kFailAt) too_big();
+    return Tensor();
+  });
+  std::vector<train::OomEvent> events;
+  int64_t before = 0, grad_bytes = 0;
+  for (const Tensor& p : model->parameters()) grad_bytes += (p.nbytes() + 511) / 512 * 512;  // 512 B rounding
+  train::OomStepOptions o;
+  o.micro_batch_size = 8;
+  o.on_oom = [&](const train::OomEvent& e) {
+    events.push_back(e);
+    EXPECT_NO_THROW(alloc.check_invariants());
+    // Two micro-batches completed: their summed gradients (one per parameter) are all that is left of the step.
+    EXPECT_EQ(e.stats.allocated_bytes, before + grad_bytes);
+  };
+  train::OomResilientStep step(*model, trainer, o);
+  before = alloc.stats().allocated_bytes;
+  const train::StepResult r = step.step({data.x, data.y}, [&](const Batch& b) {
+    if (phase == "forward" && ++forwards == kFailAt) too_big();
+    return mean_ce(*model, b);
+  });
+  hook.remove();
+  ASSERT_EQ(events.size(), 1u);
+  EXPECT_EQ(events[0].phase, phase);
+  EXPECT_EQ(events[0].start, 16);
+  EXPECT_EQ(events[0].rows, 8);
+  EXPECT_EQ(events[0].next_rows, 4);
+  EXPECT_EQ(events[0].requested, 512 * kMiB);
+  EXPECT_EQ(r.ooms, 1);
+  EXPECT_EQ(r.micro_batches, 6) << "8 + 8 + (8 failed) 4 + 4 + 4 + 4";
+  EXPECT_EQ(r.count, kRows);
+  EXPECT_EQ(step.micro_batch_size(), 4);
+  // fp16: the f16 gradients of 8- and 4-row micro-batches round differently from one 32-row gradient.
+  if (mode == AmpMode::none) expect_close(weights_of(*model), ref, 1e-5, 1e-6);
+  else expect_close(weights_of(*model), ref, 2e-3, 2e-4);
+}
+
+TEST_F(OomStep, PlantedOomInALaterMicroBatchDropsOnlyThatAttempt) {
+  planted_oom(AmpMode::none, "forward");
+  planted_oom(AmpMode::none, "backward");
+  planted_oom(AmpMode::fp16, "backward");
+}
+
+TEST_F(OomStep, GivesUpWhenOneRowDoesNotFit) {
+  use_device(16 * kMiB);
+  memory::CachingAllocator& alloc = memory::cpu_allocator();
+  manual_seed(2);
+  std::shared_ptr<nn::Sequential> model = nn::make_mlp({kIn, 16, kOut});
+  AmpTrainer trainer(*model, {optim::ParamGroup{model->parameters()}}, sgd_momentum(), AmpMode::none);
+  const Data data(4);
+  const std::vector<float> before = weights_of(*model);
+  train::OomResilientStep step(*model, trainer);
+  const int64_t allocated = alloc.stats().allocated_bytes;
+  const std::string msg = error_message<OutOfMemoryError>([&] {
+    step.step({data.x, data.y}, [&](const Batch& b) {
+      Tensor loss = mean_ce(*model, b).loss;
+      loss.backward();  // leaves gradients behind, as a partial attempt would
+      empty({64 * kMiB}, TensorOptions(DType::f32));
+      return LossResult{};
+    });
+  });
+  EXPECT_FALSE(msg.empty());
+  EXPECT_EQ(step.total_ooms(), 3) << "4 rows, then 2, then 1";
+  EXPECT_EQ(weights_of(*model), before) << "nothing stepped";
+  for (const Tensor& p : model->parameters()) EXPECT_FALSE(p.grad().defined());
+  EXPECT_EQ(alloc.stats().allocated_bytes, allocated);
+}
+
+TEST_F(OomStep, RemembersTheSizeAndMayGrowBack) {
+  use_device(64 * kMiB);
+  manual_seed(2);
+  std::shared_ptr<nn::Sequential> model = nn::make_mlp({kIn, 16, kOut});
+  AmpTrainer trainer(*model, {optim::ParamGroup{model->parameters()}}, sgd_momentum(), AmpMode::none);
+  const Data data(32);
+  for (int64_t grow : {0, 1}) {
+    SCOPED_TRACE(grow ? "grow_interval 1" : "never grow");
+    int64_t calls = 0;
+    auto loss_fn = [&](const Batch& b) {
+      if (++calls == 1) empty({64 * kMiB}, TensorOptions(DType::f32));  // the first attempt of all OOMs
+      return mean_ce(*model, b);
+    };
+    train::OomStepOptions o;
+    o.grow_interval = grow;
+    train::OomResilientStep step(*model, trainer, o);
+    EXPECT_EQ(step.step({data.x, data.y}, loss_fn).ooms, 1);
+    EXPECT_EQ(step.micro_batch_size(), 16);
+    const train::StepResult r = step.step({data.x, data.y}, loss_fn);
+    EXPECT_EQ(r.micro_batches, 2) << "the second step starts at the remembered size";
+    EXPECT_EQ(step.micro_batch_size(), grow ? 0 : 16) << "16 doubled covers the 32 rows: whole batches again";
+    EXPECT_EQ(step.step({data.x, data.y}, loss_fn).micro_batches, grow ? 1 : 2);
+  }
+  EXPECT_THROW(train::OomResilientStep(*model, trainer, {.micro_batch_size = -1}), ValueError);
+}
+
+}  // namespace
+}  // namespace ember::testing
