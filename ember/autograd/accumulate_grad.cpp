@@ -31,7 +31,9 @@ void AccumulateGrad::run_pre_hooks(TensorList& grads) {
 // and dtype (PyTorch's AccumulateGrad does the same): backward then holds one weight gradient at a time instead of
 // two (the incoming one and a fresh sum), which is what a second micro-batch of gradient accumulation costs. A .grad
 // the user holds therefore sees later backward passes, as in PyTorch; gradients add up across backward() calls
-// until the user clears them. With grad mode on (a hook that records) the sum is made out of place.
+// until the user clears them. With grad mode on (a hook that records) the sum is made out of place. The add bumps
+// .grad's version: a graph that saved .grad for backward (.grad used in a forward) and runs its backward after the
+// add raises the saved-tensor version error, as in PyTorch; use a clone of .grad in a forward instead.
 void accumulate_into(Tensor& slot, const Tensor& incoming, bool in_place) {
   if (!incoming.defined()) return;
   if (!slot.defined()) {

@@ -397,31 +397,44 @@ std::vector<Tensor> graph_leaves(const Tensor& root, const Tensor& skip) {
 // after zero_grad(set_to_none = false)) — as the device allocator's peak window over a backward seeded with a
 // gradient of the block's output, above the bytes held before the seed was made. The leaves' .grad are set to
 // zeros for the measurement and their hooks set aside (a DDP hook must not fire for a profile), then everything is
-// put back, also when the backward throws.
+// put back, also when the backward throws — and when a zeros tensor does not fit (each is made before its leaf is
+// touched; the leaves stashed before it are put back).
 class LeafStash {
  public:
   explicit LeafStash(const std::vector<Tensor>& leaves) {
-    for (const Tensor& leaf : leaves) {
-      AutogradMeta& m = get_or_create_meta(leaf);
-      saved_.push_back({leaf, std::move(m.grad), std::move(m.leaf_hooks), std::move(m.post_accumulate_hooks)});
-      m.leaf_hooks.clear();
-      m.post_accumulate_hooks.clear();
-      NoGradGuard no_grad;
-      m.grad = zeros(leaf.sizes(), {leaf.dtype(), leaf.device()});
+    saved_.reserve(leaves.size());  // push_back below cannot reallocate, so it cannot throw
+    try {
+      for (const Tensor& leaf : leaves) {
+        Tensor zero;
+        {
+          NoGradGuard no_grad;
+          zero = zeros(leaf.sizes(), {leaf.dtype(), leaf.device()});  // may throw: this leaf is untouched yet
+        }
+        AutogradMeta& m = get_or_create_meta(leaf);
+        saved_.push_back({leaf, std::move(m.grad), std::move(m.leaf_hooks), std::move(m.post_accumulate_hooks)});
+        m.leaf_hooks.clear();
+        m.post_accumulate_hooks.clear();
+        m.grad = std::move(zero);
+      }
+    } catch (...) {
+      put_back();
+      throw;
     }
   }
-  ~LeafStash() {
+  ~LeafStash() { put_back(); }
+  LeafStash(const LeafStash&) = delete;
+  LeafStash& operator=(const LeafStash&) = delete;
+
+ private:
+  void put_back() {
     for (Saved& s : saved_) {
       AutogradMeta& m = get_or_create_meta(s.leaf);
       m.grad = std::move(s.grad);
       m.leaf_hooks = std::move(s.hooks);
       m.post_accumulate_hooks = std::move(s.post_hooks);
     }
+    saved_.clear();
   }
-  LeafStash(const LeafStash&) = delete;
-  LeafStash& operator=(const LeafStash&) = delete;
-
- private:
   struct Saved {
     Tensor leaf, grad;
     std::vector<std::shared_ptr<HookEntry>> hooks;

@@ -98,6 +98,8 @@ void GradScaler::lazy_init(Device device) {
 
 GradScaler::PerOptimizer& GradScaler::record(const Optimizer& optimizer) { return per_optimizer_[&optimizer]; }
 
+void GradScaler::discard_step(const Optimizer& optimizer) { per_optimizer_.erase(&optimizer); }
+
 Tensor GradScaler::scale(const Tensor& outputs) {
   EMBER_CHECK(outputs.defined(), ValueError, "GradScaler::scale: outputs is an undefined tensor");
   if (!options_.enabled) return outputs;

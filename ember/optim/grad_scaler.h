@@ -64,6 +64,11 @@ class GradScaler {
   StateDict state_dict() const;
   void load_state_dict(const StateDict& dict);
 
+  // The step of `optimizer` is abandoned (its gradients are being cleared without a step: an OOM after unscale_, a
+  // trial step thrown away): forgets that they were unscaled or checked, so the next step unscales afresh. The scale
+  // and the growth tracker are unchanged. (PyTorch has no such call; its per-optimizer state resets only in update().)
+  void discard_step(const Optimizer& optimizer);
+
  private:
   enum class Stage { ready, unscaled, stepped };
   struct PerOptimizer {

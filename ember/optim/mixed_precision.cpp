@@ -160,6 +160,7 @@ bool MixedPrecisionOptimizer::step() {
 }
 
 void MixedPrecisionOptimizer::zero_grad(bool set_to_none) {
+  unscaled_ = false;  // cleared gradients: whatever was unscaled is gone, the next step unscales afresh
   inner_->zero_grad(set_to_none);  // the inner optimizer's parameters are the masters
   NoGradGuard no_grad;
   for (const Tensor& p : params_) {

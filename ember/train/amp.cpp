@@ -148,6 +148,10 @@ bool AmpTrainer::step() {
 }
 
 void AmpTrainer::zero_grad(bool set_to_none) {
+  // Also abandons a step that was unscaled (clip_grad_norm_) but not taken — an OOM between the two, a trial thrown
+  // away: the next step's gradients must be unscaled afresh.
+  unscaled_ = false;
+  if (scaler_) scaler_->discard_step(*plain_);
   if (mixed_) mixed_->zero_grad(set_to_none);
   else plain_->zero_grad(set_to_none);
 }

@@ -126,6 +126,9 @@ void TrainingSnapshot::write_into(const Tensor& dst, const HostTensor& h) {
 // is reachable only through load_state_dict), gradients that appeared or vanished.
 void TrainingSnapshot::restore() const {
   NoGradGuard no_grad;
+  // A trial that unscaled (clipped) and then ran out of memory left the trainer mid-step: abandon that step (the
+  // gradients are zeroed in place here and overwritten below).
+  if (trainer_) trainer_->zero_grad(/*set_to_none=*/false);
   if (mixed_) mixed_->load_state_dict(to_tensors(mixed_state_));
   const nn::NamedTensors live = model_.state_dict();
   EMBER_CHECK(live.size() == model_state_.size(), ValueError, "TrainingSnapshot::restore: the model has ",

@@ -5,6 +5,7 @@
 #include "ember/train/oom_step.h"
 
 #include <algorithm>
+#include <cmath>
 #include <utility>
 
 #include "ember/base/error.h"
@@ -65,8 +66,8 @@ void release_cache(Device device) {
 
 OomResilientStep::OomResilientStep(nn::Module& model, AmpTrainer& trainer, OomStepOptions options)
     : model_(model), trainer_(trainer), options_(std::move(options)) {
-  EMBER_CHECK(options_.max_grad_norm >= 0.0, ValueError, "OomResilientStep: max_grad_norm must be >= 0, got ",
-              options_.max_grad_norm);
+  EMBER_CHECK(options_.max_grad_norm >= 0.0 && std::isfinite(options_.max_grad_norm), ValueError,
+              "OomResilientStep: max_grad_norm must be finite and >= 0 (0: no clipping), got ", options_.max_grad_norm);
   EMBER_CHECK(options_.grow_interval >= 0, ValueError, "OomResilientStep: grow_interval must be >= 0, got ",
               options_.grow_interval);
   set_micro_batch_size(options_.micro_batch_size);

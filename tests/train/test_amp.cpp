@@ -203,5 +203,35 @@ TEST(AmpTrainer, StateDictRoundTripRepeatsTheSameSteps) {
   EXPECT_THROW(plain.load_state_dict(scaled.state_dict()), ValueError);
 }
 
+// A step abandoned after clip_grad_norm_ (the gradients unscaled, then an OOM, then zero_grad) must not leave the
+// trainer believing the next step's gradients are already unscaled: the next step equals a fresh trainer's.
+TEST(AmpTrainer, AStepAbandonedAfterClippingDoesNotLeakIntoTheNext) {
+  const Regression data;
+  for (AmpMode mode : {AmpMode::fp16, AmpMode::autocast_fp16, AmpMode::bf16, AmpMode::none}) {
+    SCOPED_TRACE(train::amp_mode_name(mode));
+    auto run = [&](bool abandon_first) {
+      manual_seed(3);
+      nn::Linear model(8, 3);
+      AmpTrainer trainer(model, {optim::ParamGroup{model.parameters()}}, adamw(3e-2), mode);
+      auto loss_of = [&] {
+        AutocastGuard region = trainer.autocast();
+        return F::mse_loss(model.forward(data.x), data.y);
+      };
+      if (abandon_first) {
+        trainer.backward(loss_of());
+        trainer.clip_grad_norm_(1.0);
+        trainer.zero_grad();  // the step is given up
+      }
+      trainer.backward(loss_of());
+      const double norm = trainer.clip_grad_norm_(1e9);
+      EXPECT_TRUE(trainer.step());
+      return std::make_pair(norm, model.weight.to(DType::f64).to_vector<double>());
+    };
+    const auto fresh = run(false), after = run(true);
+    EXPECT_DOUBLE_EQ(after.first, fresh.first) << "the clip saw scaled (or zeroed) gradients";
+    EXPECT_EQ(after.second, fresh.second);
+  }
+}
+
 }  // namespace
 }  // namespace ember::testing

@@ -2,9 +2,14 @@
 // test_train_device, a process of its own): the step that OOMs at full batch finishes in micro-batches with the
 // weights of the same steps on an unbounded device, the allocator returns to the pre-step level and keeps its
 // invariants; OOMs planted mid-forward and mid-backward of a later micro-batch drop exactly that attempt; a single
-// row that does not fit gives up; the micro-batch size is remembered and may grow back.
+// row that does not fit gives up; the micro-batch size is remembered and may grow back. Also the checkpoint profiler
+// when its backward measurement runs out of memory: every leaf keeps its .grad and hooks.
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <limits>
+
+#include "ember/autograd/checkpoint_plan.h"
 #include "ember/autograd/hooks.h"
 #include "ember/ember.h"
 #include "ember/memory/cpu_allocator.h"
@@ -275,6 +280,47 @@ TEST_F(OomStep, RemembersTheSizeAndMayGrowBack) {
     EXPECT_EQ(step.step({data.x, data.y}, loss_fn).micro_batches, grow ? 1 : 2);
   }
   EXPECT_THROW(train::OomResilientStep(*model, trainer, {.micro_batch_size = -1}), ValueError);
+  // max_grad_norm as GradAccumulator takes it: finite and >= 0 (0: no clipping).
+  EXPECT_THROW(train::OomResilientStep(*model, trainer, {.max_grad_norm = -1.0}), ValueError);
+  EXPECT_THROW(train::OomResilientStep(*model, trainer, {.max_grad_norm = std::numeric_limits<double>::infinity()}),
+               ValueError);
+  EXPECT_THROW(train::OomResilientStep(*model, trainer, {.max_grad_norm = std::nan("")}), ValueError);
+}
+
+// profile_chain measures each block's backward with the leaves' .grad and hooks set aside and zeros .grad in their
+// place (Note [Backward transients]). When one of those zeros does not fit the device, the leaves set aside before
+// it get their own .grad and hooks back. `big` is a 1 GiB leaf over one element (its zeros .grad cannot fit a
+// 64 MiB device); both orders of the two leaves are tried, since the stash visits them in graph order.
+TEST_F(OomStep, CheckpointProfilerThatRunsOutOfMemoryKeepsGradientsAndHooks) {
+  use_device(64 * kMiB);
+  for (bool big_first : {false, true}) {
+    SCOPED_TRACE(big_first ? "big leaf's product first" : "big leaf's product last");
+    Tensor p = full({4}, 1.0);
+    p.requires_grad_(true);
+    Tensor big;
+    {
+      NoGradGuard no_grad;
+      big = ones({1}).expand({int64_t{1} << 28});
+      p.set_grad(full({4}, 7.0));
+    }
+    big.requires_grad_(true);
+    int fired = 0;
+    autograd::HookHandle hook = autograd::register_hook(p, [&](const Tensor&) {
+      ++fired;
+      return Tensor();
+    });
+    const std::vector<autograd::TensorFn> blocks = {[&](const Tensor& x) {
+      const Tensor a = mul(x, p), b = mul(x, big.narrow(0, 0, 4));
+      return big_first ? add(b, a) : add(a, b);
+    }};
+    EXPECT_THROW(autograd::profile_chain(blocks, full({4}, 1.0)), OutOfMemoryError);
+    ASSERT_TRUE(p.grad().defined()) << "the .grad set aside is back";
+    EXPECT_EQ(p.grad().to_vector<float>(), std::vector<float>(4, 7.0f));
+    sum(mul(p, 2.0)).backward();
+    EXPECT_EQ(fired, 1) << "the hook set aside is back";
+    EXPECT_EQ(p.grad().to_vector<float>(), std::vector<float>(4, 9.0f));
+    hook.remove();
+  }
 }
 
 }  // namespace
