@@ -24,6 +24,8 @@ struct BenchTrainArgs {
   uint64_t seed = 0;
   std::string amp = "none";
   std::string checkpoint = "none";
+  int64_t batch = 0;
+  int64_t grad_accum = 1;
   bool json = false;
 };
 
@@ -36,6 +38,8 @@ void run_bench_train(const BenchTrainArgs& a) {
   o.seed = a.seed;
   o.amp = a.amp;
   o.checkpoint = a.checkpoint;
+  o.batch = a.batch;
+  o.grad_accum = a.grad_accum;
   const train::BenchTrainResult r = train::bench_train(o);
   if (a.json) {
     std::printf("%s\n", r.to_json().c_str());
@@ -86,6 +90,10 @@ void add_bench_command(CLI::App& app) {
             }
           },
           "none|sqrt|budget:SIZE"));
+  train->add_option("--batch-size", args->batch, "batch size (default: the config's)")
+      ->check(CLI::Range(int64_t{1}, std::numeric_limits<int64_t>::max()));
+  train->add_option("--grad-accum", args->grad_accum, "micro-batches per step (must divide the batch)")
+      ->check(CLI::Range(int64_t{1}, std::numeric_limits<int64_t>::max()));
   train->add_flag("--json", args->json, "print one JSON line");
   train->callback([args] { run_bench_train(*args); });
 }

@@ -6,7 +6,11 @@
 
 namespace ember::tools {
 
-// `ember bench train --model mlp|cnn|gpt --steps N --device cpu|cuda[:N] [--warmup N] [--json]`
+// `ember bench train --model mlp|cnn|gpt --steps N --device cpu|cuda[:N] [--warmup N] [--batch-size N]
+// [--grad-accum N] [--json]`
 void add_bench_command(CLI::App& app);
+
+// `ember estimate --model mlp|cnn|gpt [--batch-size N] [--amp MODE] [--checkpoint POLICY] [--grad-accum N] [--json]`
+void add_estimate_command(CLI::App& app);
 
 }  // namespace ember::tools

@@ -9,6 +9,7 @@ int main(int argc, char** argv) {
   CLI::App app{"ember: a C++/CUDA deep-learning framework built around GPU memory"};
   app.require_subcommand(1);
   ember::tools::add_bench_command(app);
+  ember::tools::add_estimate_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

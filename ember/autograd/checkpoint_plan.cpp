@@ -19,6 +19,7 @@
 #include "ember/base/error.h"
 #include "ember/core/generator.h"
 #include "ember/core/grad_mode.h"
+#include "ember/core/meta_scope.h"
 #include "ember/core/storage.h"
 #include "ember/memory/allocator.h"
 #include "ember/memory/cuda_device.h"
@@ -445,7 +446,8 @@ class LeafStash {
 
 // Note [Backward transients]: the most block b's backward holds above the bytes held before it.
 int64_t measure_backward(const Tensor& y, const Tensor& input) {
-  if (!requires_grad(y) || y.device().is_meta()) return 0;
+  // Meta: measured through the dry run's allocator (a MetaAllocationScope); without one there is nothing to read.
+  if (!requires_grad(y) || (y.device().is_meta() && current_meta_allocator() == nullptr)) return 0;
   memory::Allocator& alloc = allocator_for(y.device());
   LeafStash stash(graph_leaves(y, input));
   sync_if_cuda(y.device());

@@ -6,6 +6,7 @@
 #include "ember/core/core_stubs.h"
 #include "ember/core/generator.h"
 #include "ember/core/grad_mode.h"
+#include "ember/core/meta_scope.h"
 #include "ember/core/philox.h"
 #include "ember/core/tensor.h"
 
@@ -43,6 +44,11 @@ Tensor empty_strided(const Shape& shape, const Shape& strides, TensorOptions opt
   impl->dtype = opts.dtype;
   impl->is_inference = InferenceMode::is_enabled();
   return Tensor(std::move(impl));
+}
+
+Tensor meta_placeholder(const Shape& shape, DType dtype) {
+  MetaAllocationPause byte_free;
+  return empty(shape, {dtype, Device::meta()});
 }
 
 Tensor full(const Shape& shape, Scalar value, TensorOptions opts) {

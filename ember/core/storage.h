@@ -12,18 +12,19 @@
 
 namespace ember {
 
-// The allocator that serves tensors on `device` (memory::cpu_allocator() for cpu, the device's allocator for cuda).
-// Throws DeviceError for meta (it has no bytes) and for unavailable devices.
+// The allocator that serves tensors on `device` (memory::cpu_allocator() for cpu, the device's allocator for cuda,
+// the innermost MetaAllocationScope's for meta). Throws DeviceError for meta outside every scope (it has no bytes)
+// and for unavailable devices.
 memory::Allocator& allocator_for(Device device);
 
 class StorageImpl {
  public:
-  StorageImpl(int64_t nbytes, Device device);  // allocates (no bytes for meta)
+  StorageImpl(int64_t nbytes, Device device);  // allocates (meta: an address inside a MetaAllocationScope, else none)
   ~StorageImpl();
   StorageImpl(const StorageImpl&) = delete;
   StorageImpl& operator=(const StorageImpl&) = delete;
 
-  void* data() const { return data_; }
+  void* data() const { return device_.is_meta() ? nullptr : data_; }  // never a meta address (nothing backs it)
   int64_t nbytes() const { return nbytes_; }
   Device device() const { return device_; }
   int64_t version() const { return version_.load(std::memory_order_relaxed); }
@@ -34,6 +35,7 @@ class StorageImpl {
   int64_t nbytes_ = 0;
   Device device_;
   memory::Allocator* allocator_ = nullptr;
+  std::shared_ptr<memory::Allocator> meta_owner_;  // meta in a scope: keeps the scope's allocator alive
   std::atomic<int64_t> version_{0};
 };
 

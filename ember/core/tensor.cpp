@@ -489,9 +489,13 @@ std::vector<T> Tensor::to_vector() const {
   }
 }
 
+// Note [Reading a meta tensor]: a meta tensor has no values; item() reads it as 0, so the control flow of a dry run
+// (a loss printed, GradScaler's found-inf check, a gradient norm) takes the path of finite, unremarkable values
+// instead of throwing. to_vector still refuses: a whole tensor of made-up values would be mistaken for data.
 template <class T>
 T Tensor::item() const {
   EMBER_CHECK(numel() == 1, ShapeError, "item: expects a tensor with one element, got ", description());
+  if (device().is_meta()) return T(0);
   return to_vector<T>()[0];
 }
 

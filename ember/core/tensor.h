@@ -109,7 +109,7 @@ class Tensor {
 
   template <class T>
   T item() const;
-  double item_double() const;          // value of a one-element tensor as double
+  double item_double() const;          // value of a one-element tensor as double (meta: 0, Note [Reading a meta tensor])
   template <class T>
   std::vector<T> to_vector() const;    // all elements in row-major order, converted to T
 

@@ -1,8 +1,10 @@
 // Front ends of the backward ops autograd cannot compose from forward ops: unary_backward, conv2d_backward_input /
 // _weight, max_pool2d_backward and avg_pool2d_backward, and their stubs. Each checks its arguments (typed errors
-// naming the op), allocates a fresh contiguous gradient and calls the kernel; meta tensors get shapes only.
+// naming the op), allocates a fresh contiguous gradient and calls the kernel; on meta only the CPU kernels' workspace
+// is allocated (Note [Meta kernels] in stubs.h).
 #include <string>
 
+#include "ember/core/meta_scope.h"
 #include "ember/kernels/elementwise_math.h"
 #include "ember/kernels/ops.h"
 
@@ -75,12 +77,11 @@ Tensor conv2d_backward_impl(const Tensor& grad_out, const Tensor& x, const Tenso
   const Tensor& like = want_x ? x : weight;  // the placeholder: shape and dtype of the gradient
   const Device dev = grad_out.device();
   const TensorOptions opts(grad_out.dtype(), dev);
-  if (dev.is_meta()) return empty(like.sizes(), opts);
   // Nothing flows back from an empty grad_out (N = 0 or O = 0): the gradient is zero.
   if (grad_out.numel() == 0) return zeros(like.sizes(), opts);
   Tensor grad = empty(like.sizes(), opts);
-  if (grad.numel() > 0)
-    conv2d_backward_stub.get(dev.type)(grad_out, x, weight, p, want_x ? grad : Tensor(), want_x ? Tensor() : grad);
+  if (grad.numel() > 0)  // Note [Meta kernels]: workspace on meta
+    run_kernel(conv2d_backward_stub, dev, grad_out, x, weight, p, want_x ? grad : Tensor(), want_x ? Tensor() : grad);
   return grad;
 }
 
@@ -116,7 +117,7 @@ Tensor conv2d_backward_input(const Tensor& grad_out, const Tensor& weight, const
   check_same_dtype(op, grad_out, weight);
   check_nchw_shape(op, weight.sizes(), "weight", "[O, C/groups, KH, KW]");
   check_conv(op, grad_out, input_shape, weight.sizes(), p);
-  const Tensor x = empty(input_shape, {grad_out.dtype(), Device::meta()});
+  const Tensor x = meta_placeholder(input_shape, grad_out.dtype());
   return conv2d_backward_impl(grad_out, x, weight, p, /*want_x=*/true);
 }
 
@@ -131,7 +132,7 @@ Tensor conv2d_backward_weight(const Tensor& grad_out, const Tensor& x, const Sha
   check_same_dtype(op, grad_out, x);
   check_nchw_shape(op, x.sizes(), "x", "[N, C, H, W]");
   check_conv(op, grad_out, x.sizes(), weight_shape, p);
-  const Tensor weight = empty(weight_shape, {grad_out.dtype(), Device::meta()});
+  const Tensor weight = meta_placeholder(weight_shape, grad_out.dtype());
   return conv2d_backward_impl(grad_out, x, weight, p, /*want_x=*/false);
 }
 
@@ -153,10 +154,9 @@ Tensor max_pool2d_backward(const Tensor& grad_out, const Tensor& indices, const 
               ": grad_out ", grad_out.description(), " and input shape ", shape_str(input_shape),
               " differ in batch or channels");
   const TensorOptions opts(grad_out.dtype(), dev);
-  if (dev.is_meta()) return empty(input_shape, opts);
   if (grad_out.numel() == 0) return zeros(input_shape, opts);
   Tensor grad_in = empty(input_shape, opts);
-  max_pool2d_backward_stub.get(dev.type)(grad_out, indices, grad_in);
+  run_kernel(max_pool2d_backward_stub, dev, grad_out, indices, grad_in);  // Note [Meta kernels]
   return grad_in;
 }
 
@@ -181,10 +181,9 @@ Tensor avg_pool2d_backward(const Tensor& grad_out, const Shape& input_shape, con
   check_grad_out_shape(op, grad_out, {input_shape[0], input_shape[1], oh, ow});
   const Device dev = grad_out.device();
   const TensorOptions opts(grad_out.dtype(), dev);
-  if (dev.is_meta()) return empty(input_shape, opts);
   if (grad_out.numel() == 0) return zeros(input_shape, opts);
   Tensor grad_in = empty(input_shape, opts);
-  avg_pool2d_backward_stub.get(dev.type)(grad_out, p, grad_in);
+  run_kernel(avg_pool2d_backward_stub, dev, grad_out, p, grad_in);  // Note [Meta kernels]
   return grad_in;
 }
 

@@ -25,6 +25,9 @@ void check_defined(const char* op, const Tensor& t, const char* what) {
 
 // Meta tensors hold no bytes and empty outputs have nothing to compute: the kernel is skipped for both.
 bool needs_kernel(const Tensor& out) { return out.numel() > 0 && !out.device().is_meta(); }
+// The kernel call of ops whose operands are first cast (and scalars made tensors): run for meta too, where run_kernel
+// skips only the kernel, so a dry run allocates the casts a real run does (Note [Meta kernels] in stubs.h).
+bool has_elements(const Tensor& out) { return out.numel() > 0; }
 
 // Note [Result type]: PyTorch's result_type for two tensor operands. Operands of the same kind (both 0-d or both
 // with dims) promote normally. A 0-d tensor beside an n-d one counts only by category (bool < integer < floating):
@@ -56,7 +59,7 @@ Tensor binary_op(BinaryOp op, const Tensor& a, const Tensor& b) {
   const DType ct = binary_out_dtype(op, result_type(a, b), a, b.description().c_str());
   const Shape shape = broadcast_shapes(a.sizes(), b.sizes(), name);
   Tensor out = empty(shape, {is_comparison(op) ? DType::b8 : ct, device});
-  if (needs_kernel(out)) binary_stub.get(device.type)(op, a.to(ct).expand(shape), b.to(ct).expand(shape), out);
+  if (has_elements(out)) run_kernel(binary_stub, device, op, a.to(ct).expand(shape), b.to(ct).expand(shape), out);
   return out;
 }
 
@@ -72,9 +75,9 @@ Tensor binary_scalar_op(BinaryOp op, const Tensor& t, Scalar s) {
   if (!is_floating(dt)) dt = !s.is_integral() ? DType::f32 : (dt == DType::b8 ? DType::i64 : dt);
   const DType ct = binary_out_dtype(op, dt, t, s.is_integral() ? "an integer scalar" : "a floating scalar");
   Tensor out = empty(t.sizes(), {ct, t.device()});
-  if (needs_kernel(out)) {
+  if (has_elements(out)) {
     const Tensor scalar = scalar_tensor(s, {kernels::op_math_dtype(ct), t.device()});
-    binary_stub.get(t.device().type)(op, t.to(ct), scalar.expand(t.sizes()), out);
+    run_kernel(binary_stub, t.device(), op, t.to(ct), scalar.expand(t.sizes()), out);
   }
   return out;
 }
@@ -185,8 +188,8 @@ Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b) {
   const DType ct = result_type(a, b);  // Note [Result type]
   const Shape shape = broadcast_shapes(broadcast_shapes(cond.sizes(), a.sizes(), "where"), b.sizes(), "where");
   Tensor out = empty(shape, {ct, device});
-  if (needs_kernel(out))
-    where_stub.get(device.type)(cond.expand(shape), a.to(ct).expand(shape), b.to(ct).expand(shape), out);
+  if (has_elements(out))
+    run_kernel(where_stub, device, cond.expand(shape), a.to(ct).expand(shape), b.to(ct).expand(shape), out);
   return out;
 }
 

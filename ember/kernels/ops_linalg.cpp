@@ -23,7 +23,7 @@ void check_operands(const char* op, const Tensor& a, const Tensor& b) {
 // a [B, M, K] x b [B, K, N] -> fresh contiguous [B, M, N]; shapes already checked.
 Tensor run_bmm(const Tensor& a, const Tensor& b) {
   Tensor out = empty({a.size(0), a.size(1), b.size(2)}, TensorOptions(a.dtype(), a.device()));
-  if (out.numel() > 0 && !a.device().is_meta()) bmm_stub.get(a.device().type)(a, b, out);
+  if (out.numel() > 0) run_kernel(bmm_stub, a.device(), a, b, out);  // Note [Meta kernels]: workspace on meta
   return out;
 }
 

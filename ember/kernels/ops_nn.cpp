@@ -62,7 +62,8 @@ Tensor embedding(const Tensor& weight, const Tensor& indices) {
   Shape out_shape = indices.sizes();
   out_shape.push_back(d);
   Tensor out = empty({n, d}, {weight.dtype(), dev});
-  if (n > 0 && d > 0 && !dev.is_meta()) embedding_stub.get(dev.type)(weight, indices.reshape({n}), out);
+  // run_kernel: the indices' reshape (a copy when strided) is made on meta too (Note [Meta kernels]).
+  if (n > 0 && d > 0) run_kernel(embedding_stub, dev, weight, indices.reshape({n}), out);
   return out.view(out_shape);
 }
 
@@ -79,8 +80,8 @@ Tensor embedding_backward(const Tensor& grad_out, const Tensor& indices, int64_t
                 " does not match indices shape ", shape_str(indices.sizes()));
   const int64_t n = indices.numel(), d = grad_out.size(-1);
   Tensor grad_weight = zeros({num_weights, d}, {grad_out.dtype(), dev});
-  if (n > 0 && d > 0 && !dev.is_meta())
-    embedding_backward_stub.get(dev.type)(grad_out.reshape({n, d}), indices.reshape({n}), grad_weight);
+  if (n > 0 && d > 0)  // Note [Meta kernels]: workspace on meta
+    run_kernel(embedding_backward_stub, dev, grad_out.reshape({n, d}), indices.reshape({n}), grad_weight);
   return grad_weight;
 }
 
@@ -125,7 +126,7 @@ Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, const C
               kw, " with padding ", pair_str(p.padding), " and dilation ", pair_str(p.dilation), " (output size ",
               oh, "x", ow, ")");
   Tensor out = empty({n, o, oh, ow}, {x.dtype(), dev});
-  if (out.numel() > 0 && !dev.is_meta()) conv2d_stub.get(dev.type)(x, weight, bias, p, out);
+  if (out.numel() > 0) run_kernel(conv2d_stub, dev, x, weight, bias, p, out);  // Note [Meta kernels]
   return out;
 }
 

@@ -67,10 +67,11 @@ LayerNormResult layer_norm_with_stats(const Tensor& x, const Shape& normalized_s
   Tensor out = empty({rows, cols}, TensorOptions(out_dtype, device));
   Tensor mean = empty({rows}, TensorOptions(stats_dtype, device));
   Tensor rstd = empty({rows}, TensorOptions(stats_dtype, device));
-  if (rows > 0 && !device.is_meta()) {
+  if (rows > 0) {
+    // Reshaped on meta too: a strided input's copy is memory a dry run must see (Note [Meta kernels] in stubs.h).
     const Tensor w = weight.defined() ? weight.reshape({cols}) : Tensor();
     const Tensor b = bias.defined() ? bias.reshape({cols}) : Tensor();
-    layer_norm_stub.get(device.type)(x.reshape({rows, cols}), w, b, eps, out, mean, rstd);
+    run_kernel(layer_norm_stub, device, x.reshape({rows, cols}), w, b, eps, out, mean, rstd);
   }
   return {out.view(x.sizes()), mean.view(stats_shape), rstd.view(stats_shape)};
 }

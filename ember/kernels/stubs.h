@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "ember/core/core_stubs.h"
@@ -14,6 +15,19 @@
 #include "ember/core/tensor.h"
 
 namespace ember {
+
+// Note [Meta kernels]
+// Meta tensors have no data, so the front ends run no kernel for them — except through a stub's Meta entry: a kernel
+// whose CPU implementation allocates scratch tensors (packed operands, GEMM panels, im2col columns, f32 staging and
+// accumulators: Note [Kernel workspace] in cpu/conv_pool.cpp) registers, for DeviceType::Meta, a function that
+// allocates the same workspace on meta and computes nothing (cpu/meta_workspace.h). Inside a MetaAllocationScope a
+// dry run then sees the workspace a CPU run takes; outside one the meta tensors are byte-free and cost nothing.
+// Front ends call kernels through run_kernel, which skips meta where no Meta entry exists.
+template <class Fn, class... Args>
+void run_kernel(const DispatchStub<Fn>& stub, Device device, Args&&... args) {
+  if (device.is_meta() && !stub.has(DeviceType::Meta)) return;
+  stub.get(device.type)(std::forward<Args>(args)...);
+}
 
 // ---- elementwise -------------------------------------------------------------------------------------------------
 enum class UnaryOp : int8_t {

@@ -64,7 +64,9 @@ void Adam::step() {
       Tensor step_t, exp_avg, exp_avg_sq;
       if (fresh) {
         const TensorOptions opts(ops::optimizer_state_dtype(p.dtype()), p.device());
-        step_t = scalar_tensor(0.0, TensorOptions(DType::f64));
+        // The step count lives on the host (as PyTorch keeps it), except in a meta dry run, which counts it with the
+        // parameters: it simulates a CPU run there, where the host is the device (a GPU run's is host memory).
+        step_t = scalar_tensor(0.0, TensorOptions(DType::f64, p.device().is_meta() ? p.device() : Device::cpu()));
         exp_avg = zeros(p.sizes(), opts);
         exp_avg_sq = zeros(p.sizes(), opts);
       } else {

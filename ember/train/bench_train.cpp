@@ -20,42 +20,52 @@
 #include "ember/nn/transformer.h"
 #include "ember/optim/adam.h"
 #include "ember/train/amp.h"
+#include "ember/train/step.h"
 
 namespace ember::train {
 
 namespace F = nn::functional;
 
-StandardTask make_standard_task(const std::string& name, Device device, uint64_t seed) {
+StandardTask make_standard_task(const std::string& name, Device device, uint64_t seed, int64_t batch) {
+  EMBER_CHECK(batch >= 0, ValueError, "make_standard_task: batch must be >= 0 (0: the default), got ", batch);
   manual_seed(seed);
   StandardTask t;
   t.name = name;
   const TensorOptions f32(DType::f32, device);
+  // The model first, on the host, then on the device, then the batch: the device's allocator sees the parameters
+  // before the batch whatever the device (on cpu the move is a no-op).
+  nn::GPTConfig gpt;  // nanoGPT's CPU Shakespeare config: vocab 65, block 64, 4 layers, 4 heads, 128 wide
   if (name == "mlp") {
-    t.batch = 256;
+    t.batch = batch > 0 ? batch : 256;
     t.model = nn::make_mlp({784, 1024, 1024, 10});
-    t.inputs = randn({t.batch, 784}, f32);
-    t.targets = (rand({t.batch}, f32) * 10.0).to(DType::i64);
   } else if (name == "cnn") {
-    t.batch = 64;
+    t.batch = batch > 0 ? batch : 64;
     t.model = std::make_shared<nn::MnistNet>(/*dropout=*/false);
-    t.inputs = randn({t.batch, 1, 28, 28}, f32);
-    t.targets = (rand({t.batch}, f32) * 10.0).to(DType::i64);
   } else if (name == "gpt") {
-    t.batch = 12;
-    const nn::GPTConfig cfg;  // nanoGPT's CPU Shakespeare config: vocab 65, block 64, 4 layers, 4 heads, 128 wide
-    t.model = std::make_shared<nn::GPT>(cfg);
-    t.inputs = (rand({t.batch, cfg.block_size}, f32) * double(cfg.vocab_size)).to(DType::i64);
-    t.targets = (rand({t.batch, cfg.block_size}, f32) * double(cfg.vocab_size)).to(DType::i64);
+    t.batch = batch > 0 ? batch : 12;
+    t.model = std::make_shared<nn::GPT>(gpt);
   } else {
     EMBER_THROW(ValueError, "unknown standard config '", name, "' (known: mlp, cnn, gpt)");
   }
   t.model->to(device);
+  if (name == "mlp") {
+    t.inputs = randn({t.batch, 784}, f32);
+    t.targets = (rand({t.batch}, f32) * 10.0).to(DType::i64);
+  } else if (name == "cnn") {
+    t.inputs = randn({t.batch, 1, 28, 28}, f32);
+    t.targets = (rand({t.batch}, f32) * 10.0).to(DType::i64);
+  } else {
+    t.inputs = (rand({t.batch, gpt.block_size}, f32) * double(gpt.vocab_size)).to(DType::i64);
+    t.targets = (rand({t.batch, gpt.block_size}, f32) * double(gpt.vocab_size)).to(DType::i64);
+  }
   nn::Module* model = t.model.get();
-  const Tensor x = t.inputs, y = t.targets;
-  t.loss = [model, x, y]() {
+  t.loss_on = [model](const Tensor& x, const Tensor& y) {
     const Tensor logits = model->forward(x);
     return F::cross_entropy(logits.reshape({-1, logits.size(-1)}), y.reshape({-1}));
   };
+  const Tensor x = t.inputs, y = t.targets;
+  auto loss_on = t.loss_on;
+  t.loss = [loss_on, x, y]() { return loss_on(x, y); };
   return t;
 }
 
@@ -71,61 +81,33 @@ double peak_rss_mib() {
   return static_cast<double>(u.ru_maxrss) / 1024.0;  // ru_maxrss is in KiB on Linux
 }
 
-// Makes the task's checkpoint plan from its batch (under the trainer's autocast, so the profile sees the step's
-// dtypes) and installs it — except for none, which only reports the prediction and leaves the forward as it was.
-// Returns the plan (no segments when nothing was profiled).
-autograd::CheckpointPlan plan_checkpointing(StandardTask& task, const AmpTrainer& trainer,
-                                            const autograd::CheckpointPolicy& policy) {
-  nn::Module* model = task.model.get();
-  auto* gpt = dynamic_cast<nn::GPT*>(model);
-  auto* seq = dynamic_cast<nn::Sequential*>(model);
-  if (!gpt && !seq) {
-    EMBER_CHECK(policy.kind == autograd::CheckpointPolicy::Kind::none, ValueError, "bench train --checkpoint ",
-                policy.str(), ": the ", task.name, " config has no block chain");
-    return {};
-  }
-  autograd::CheckpointPlan plan;
-  {
-    AutocastGuard region = trainer.autocast();
-    plan = gpt ? gpt->plan_checkpointing(task.inputs, policy) : seq->plan_checkpointing(task.inputs, policy);
-  }
-  if (policy.kind == autograd::CheckpointPolicy::Kind::none) {
-    if (gpt) gpt->set_checkpoint_plan({});
-    if (seq) seq->set_checkpoint_plan({});
-  }
-  return plan;
-}
-
 }  // namespace
 
 BenchTrainResult bench_train(const BenchTrainOptions& o) {
   EMBER_CHECK(o.steps > 0 && o.warmup >= 0 && o.steps <= std::numeric_limits<int64_t>::max() - o.warmup, ValueError,
               "bench train: steps must be > 0, warmup >= 0 and their sum representable (got steps ", o.steps,
               ", warmup ", o.warmup, ")");
-  const AmpMode mode = parse_amp_mode(o.amp);
-  StandardTask task = make_standard_task(o.model, o.device, o.seed);
-  AmpTrainer trainer(*task.model, {optim::ParamGroup{task.model->parameters()}},
-                     [](std::vector<optim::ParamGroup> g) {
-                       return std::make_unique<optim::AdamW>(std::move(g), optim::AdamWOptions{.lr = 1e-3});
-                     },
-                     mode);
+  TrainingOptions to;
+  to.model = o.model;
+  to.device = o.device;
+  to.seed = o.seed;
+  to.batch = o.batch;
+  to.amp = o.amp;
+  to.checkpoint = o.checkpoint;
+  to.grad_accum = o.grad_accum;
+  TrainingSetup setup = make_training_setup(to);
   memory::Allocator& alloc = allocator_for(o.device);
-  const autograd::CheckpointPolicy policy = autograd::CheckpointPolicy::parse(o.checkpoint);
-  const autograd::CheckpointPlan plan = plan_checkpointing(task, trainer, policy);
-  // The profiling forward's cached blocks go back, so the steps below fill the cache as they would without it.
-  sync(o.device);
-  alloc.empty_cache();
 
   BenchTrainResult r;
   r.model = o.model;
   r.device = o.device.str();
-  r.amp = amp_mode_name(mode);
+  r.amp = amp_mode_name(setup.trainer->mode());
   r.steps = o.steps;
-  r.batch = task.batch;
-  r.parameters = task.model->num_parameters();
-  r.checkpoint = policy.str();
-  r.predicted_peak_bytes = plan.predicted_peak_bytes;
-  if (!plan.segments.empty()) r.checkpoint_report = plan.to_string();
+  r.batch = setup.task.batch;
+  r.parameters = setup.task.model->num_parameters();
+  r.checkpoint = setup.policy.str();
+  r.predicted_peak_bytes = setup.plan.predicted_peak_bytes;
+  if (!setup.plan.segments.empty()) r.checkpoint_report = setup.plan.to_string();
   std::vector<double> ms;
   for (int64_t i = 0; i < o.warmup + o.steps; ++i) {
     if (i == o.warmup) {
@@ -134,31 +116,23 @@ BenchTrainResult bench_train(const BenchTrainOptions& o) {
     }
     const bool last = i + 1 == o.warmup + o.steps;
     const auto t0 = std::chrono::steady_clock::now();
-    const int64_t before_forward = last ? alloc.stats().allocated_bytes : 0;
-    Tensor loss;
-    {
-      AutocastGuard region = trainer.autocast();
-      loss = task.loss();
-    }
-    if (last) r.activation_bytes = alloc.stats().allocated_bytes - before_forward;
-    trainer.backward(loss);
-    if (last) {
-      const MemoryBreakdown m = trainer.memory();
-      r.weights_bytes = m.weights;
-      r.grads_bytes = m.grads;
-      r.master_bytes = m.master_weights;
-    }
-    trainer.step();
-    if (last) r.optimizer_state_bytes = trainer.memory().optimizer_state;
-    trainer.zero_grad(/*set_to_none=*/true);
+    StepRecord record;
+    const Tensor loss = run_training_step(setup, last ? &record : nullptr);
     const double value = loss.item_double();  // also synchronises with the device
     sync(o.device);
     const auto t1 = std::chrono::steady_clock::now();
+    if (last) {
+      r.activation_bytes = record.activation_bytes;
+      r.weights_bytes = record.after_backward.weights;
+      r.grads_bytes = record.after_backward.grads;
+      r.master_bytes = record.after_backward.master_weights;
+      r.optimizer_state_bytes = record.optimizer_state_bytes;
+    }
     if (i == 0) r.first_loss = value;
     r.last_loss = value;
     if (i >= o.warmup) ms.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
   }
-  r.steps_skipped = trainer.steps_skipped();
+  r.steps_skipped = setup.trainer->steps_skipped();
   std::sort(ms.begin(), ms.end());
   r.ms_per_step_median = ms.size() % 2 ? ms[ms.size() / 2] : 0.5 * (ms[ms.size() / 2 - 1] + ms[ms.size() / 2]);
   r.ms_per_step_min = ms.front();

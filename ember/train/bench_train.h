@@ -22,9 +22,13 @@ struct StandardTask {
   Tensor inputs, targets;
   int64_t batch = 0;
   std::function<Tensor()> loss;  // forward + cross-entropy on the batch (records the graph)
+  // The same on any (inputs, targets) of the task's layout, e.g. a micro-batch: rows of the batch.
+  std::function<Tensor(const Tensor& inputs, const Tensor& targets)> loss_on;
 };
-// ValueError for an unknown name (the message lists the known ones). Seeds the default generator with `seed`.
-StandardTask make_standard_task(const std::string& name, Device device, uint64_t seed = 0);
+// ValueError for an unknown name (the message lists the known ones) or a negative batch; batch 0 takes the
+// config's default above. Seeds the default generator with `seed`. The model is made on the host and moved to
+// `device` before the batch is made there (on meta, the batch draws nothing from the generator).
+StandardTask make_standard_task(const std::string& name, Device device, uint64_t seed = 0, int64_t batch = 0);
 
 struct BenchTrainOptions {
   std::string model = "mlp";
@@ -37,6 +41,8 @@ struct BenchTrainOptions {
   // from the task's batch before the first step (mlp: the Sequential's children are the blocks; gpt: its
   // transformer blocks; cnn: ValueError unless none).
   std::string checkpoint = "none";
+  int64_t batch = 0;       // 0: the config's default
+  int64_t grad_accum = 1;  // micro-batches per step (must divide the batch)
 };
 
 struct BenchTrainResult {

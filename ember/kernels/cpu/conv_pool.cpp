@@ -7,6 +7,7 @@
 #include <type_traits>
 
 #include "ember/kernels/cpu/loops.h"
+#include "ember/kernels/cpu/meta_workspace.h"
 #include "ember/kernels/stubs.h"
 
 namespace ember::kernels::cpu {
@@ -19,7 +20,8 @@ namespace {
 // other allocation. Eigen sees them through Eigen::Map; products are written with `.noalias() =` into a Map, so Eigen
 // never materialises a full-size temporary, and its GEMM panels come from the allocator too (Note [GEMM panels from
 // the allocator] in matmul.cpp). Small fixed-size stack arrays and O(ndim) shape metadata are not workspace.
-// tests/kernels/test_workspace_accounting.cpp holds the kernels to this.
+// tests/kernels/test_workspace_accounting.cpp holds the kernels to this. A kernel that takes workspace also registers a
+// Meta entry that takes the same on meta (Note [Meta kernels] in kernels/stubs.h): change the two together.
 
 template <class scalar_t>
 void conv2d_typed(const Tensor& x, const Tensor& weight, const Tensor& bias, const Conv2dParams& p,
@@ -182,9 +184,28 @@ void avg_pool2d_kernel(const Tensor& x, const Pool2dParams& p, const Tensor& out
   });
 }
 
+// conv2d_typed's workspace on meta, in its order (Note [Meta kernels] in kernels/stubs.h): the packed weight unless
+// it is used in place, the im2col columns, the f32 product for f16/bf16, and what its GEMMs take (each GEMM frees
+// its own before the next, so one replay stands for all of them).
+void conv2d_meta_kernel(const Tensor& x, const Tensor& weight, const Tensor& bias, const Conv2dParams& p,
+                        const Tensor& out) {
+  if (out.numel() == 0) return;
+  const bool widen = x.dtype() == DType::f16 || x.dtype() == DType::bf16;
+  const DType acc = widen ? DType::f32 : x.dtype();
+  const int64_t o = weight.size(0), kh = weight.size(2), kw = weight.size(3);
+  const int64_t og = o / p.groups, k = weight.size(1) * kh * kw, plane = out.size(2) * out.size(3);
+  const bool in_place = !widen && weight.stride(3) == 1 && weight.stride(2) == kw && weight.stride(1) == kh * kw;
+  MetaWorkspace ws;
+  if (!in_place) ws.take(o * k, acc);
+  ws.take(k * plane, acc);
+  if (widen) ws.take(og * plane, acc);
+  replay_bmm_workspace(acc, og, k, plane, in_place ? weight.stride(0) : k, 1, plane, 1);
+}
+
 }  // namespace
 
 EMBER_REGISTER_KERNEL(conv2d, DeviceType::CPU, conv2d_kernel);
+EMBER_REGISTER_KERNEL(conv2d, DeviceType::Meta, conv2d_meta_kernel);
 EMBER_REGISTER_KERNEL(max_pool2d, DeviceType::CPU, max_pool2d_kernel);
 EMBER_REGISTER_KERNEL(avg_pool2d, DeviceType::CPU, avg_pool2d_kernel);
 

@@ -6,6 +6,7 @@
 #include <type_traits>
 
 #include "ember/kernels/cpu/loops.h"
+#include "ember/kernels/cpu/meta_workspace.h"
 #include "ember/kernels/stubs.h"
 
 namespace ember::kernels::cpu {
@@ -232,10 +233,65 @@ void avg_pool2d_backward_kernel(const Tensor& grad_out, const Pool2dParams& p, c
   });
 }
 
+// ---- the same workspace on meta (Note [Meta kernels] in kernels/stubs.h) -------------------------------------------
+
+bool widens(DType dtype) { return dtype == DType::f16 || dtype == DType::bf16; }
+
+// conv2d_backward_typed's workspace in its order: the packed grad_out matrix unless viewed in place; for grad_x the
+// packed weight unless used in place, the column gradient and (f16/bf16) the image accumulator; for grad_w the
+// columns, the per-image product and (f16/bf16) the accumulator; then what its GEMMs take, each freeing its own.
+void conv2d_backward_meta_kernel(const Tensor& grad_out, const Tensor& x, const Tensor& weight,
+                                 const Conv2dParams& p, const Tensor& grad_x, const Tensor& grad_w) {
+  const bool widen = widens(grad_out.dtype());
+  const DType acc = widen ? DType::f32 : grad_out.dtype();
+  const ConvGeometry g(x, weight, grad_out, p);
+  MetaWorkspace ws;
+  const bool gout_view = !widen && grad_out.stride(2) == grad_out.stride(3) * g.ow;
+  // The [og, plane] matrix of one (image, group) as the kernel hands it to its GEMMs.
+  const Tensor gout = gout_view ? grad_out.select(0, 0).narrow(0, 0, g.og).view({1, g.og, g.plane}) : Tensor();
+  const int64_t gout_rs = gout_view ? gout.stride(1) : g.plane, gout_cs = gout_view ? gout.stride(2) : 1;
+  if (!gout_view) ws.take(g.og * g.plane, acc);
+  int64_t wmat_rs = g.k;
+  if (grad_x.defined()) {
+    const bool in_place = !widen && weight.stride(3) == 1 && weight.stride(2) == g.kw &&
+                          weight.stride(1) == g.kh * g.kw;
+    if (in_place) wmat_rs = weight.stride(0);
+    else ws.take(g.o * g.k, acc);
+    ws.take(g.k * g.plane, acc);
+    if (widen) ws.take(g.c * g.h * g.w, acc);
+  }
+  if (grad_w.defined()) {
+    ws.take(g.k * g.plane, acc);
+    if (g.n_img > 1) ws.take(g.og * g.k, acc);
+    if (widen) ws.take(g.o * g.k, acc);
+  }
+  // grad_x: W_g^T [K, og] @ grad_out [og, plane]; grad_w: grad_out [og, plane] @ col^T [plane, K].
+  if (grad_x.defined()) replay_bmm_workspace(acc, g.k, g.og, g.plane, 1, wmat_rs, gout_rs, gout_cs);
+  if (grad_w.defined()) replay_bmm_workspace(acc, g.og, g.plane, g.k, gout_rs, gout_cs, 1, g.plane);
+}
+
+// accumulate_planes' f32 plane for f16/bf16.
+void pool2d_backward_meta_workspace(const Tensor& grad_in) {
+  if (!widens(grad_in.dtype())) return;
+  MetaWorkspace ws;
+  ws.take(grad_in.size(2) * grad_in.size(3), DType::f32);
+}
+
+void max_pool2d_backward_meta_kernel(const Tensor& grad_out, const Tensor& indices, const Tensor& grad_in) {
+  pool2d_backward_meta_workspace(grad_in);
+}
+
+void avg_pool2d_backward_meta_kernel(const Tensor& grad_out, const Pool2dParams& p, const Tensor& grad_in) {
+  pool2d_backward_meta_workspace(grad_in);
+}
+
 }  // namespace
 
 EMBER_REGISTER_KERNEL(conv2d_backward, DeviceType::CPU, conv2d_backward_kernel);
 EMBER_REGISTER_KERNEL(max_pool2d_backward, DeviceType::CPU, max_pool2d_backward_kernel);
 EMBER_REGISTER_KERNEL(avg_pool2d_backward, DeviceType::CPU, avg_pool2d_backward_kernel);
+EMBER_REGISTER_KERNEL(conv2d_backward, DeviceType::Meta, conv2d_backward_meta_kernel);
+EMBER_REGISTER_KERNEL(max_pool2d_backward, DeviceType::Meta, max_pool2d_backward_meta_kernel);
+EMBER_REGISTER_KERNEL(avg_pool2d_backward, DeviceType::Meta, avg_pool2d_backward_meta_kernel);
 
 }  // namespace ember::kernels::cpu

@@ -6,6 +6,7 @@
 #include <type_traits>
 
 #include "ember/kernels/cpu/loops.h"
+#include "ember/kernels/cpu/meta_workspace.h"
 #include "ember/kernels/stubs.h"
 
 namespace ember::kernels::cpu {
@@ -95,9 +96,22 @@ void embedding_backward_kernel(const Tensor& grad_out, const Tensor& indices, co
   });
 }
 
+// embedding_backward_typed's workspace on meta (Note [Meta kernels] in kernels/stubs.h). The f32 accumulator holds
+// one row per distinct index, which a meta run cannot count: it takes min(n, V) rows, the most there can be (exact
+// when the indices cover that many rows, as a batch of tokens over a small vocabulary or distinct positions do).
+void embedding_backward_meta_kernel(const Tensor& grad_out, const Tensor& indices, const Tensor& grad_weight) {
+  if (grad_weight.dtype() != DType::f16 && grad_weight.dtype() != DType::bf16) return;
+  const int64_t v = grad_weight.size(0), d = grad_weight.size(1), n = grad_out.size(0);
+  const int64_t max_rows = std::min(n, v);
+  MetaWorkspace ws;
+  ws.take(v + max_rows, DType::i64);
+  ws.take(max_rows * d, DType::f32);
+}
+
 }  // namespace
 
 EMBER_REGISTER_KERNEL(embedding, DeviceType::CPU, embedding_kernel);
 EMBER_REGISTER_KERNEL(embedding_backward, DeviceType::CPU, embedding_backward_kernel);
+EMBER_REGISTER_KERNEL(embedding_backward, DeviceType::Meta, embedding_backward_meta_kernel);
 
 }  // namespace ember::kernels::cpu

@@ -8,6 +8,7 @@
 #include <type_traits>
 
 #include "ember/kernels/cpu/loops.h"
+#include "ember/kernels/cpu/meta_workspace.h"
 #include "ember/kernels/stubs.h"
 
 namespace ember::kernels::cpu {
@@ -90,19 +91,33 @@ class GemmPanels
            k + m + n >= EIGEN_GEMM_TO_COEFFBASED_THRESHOLD;
   }
 
+  struct Blocking {
+    int64_t kc, mc, nc;
+    int64_t panel_a, panel_b;  // elements of the two panels
+  };
+  // The blocking as Eigen's gemm_blocking_space sizes it for a row-major destination (which runs the transposed,
+  // column-major product: mc along N, nc along M). The routine packs at most kc x min(rows, mc) and
+  // kc x min(cols, nc) elements (rows = N, cols = M).
+  static Blocking sizes(int64_t m, int64_t n, int64_t k) {
 #if EMBER_GEMM_PANELS_FROM_ALLOCATOR
-  // Sizes the blocking as Eigen's gemm_blocking_space does for a row-major destination (which runs the transposed,
-  // column-major product: mc along N, nc along M) and takes the panels from the host allocator on first use.
+    Eigen::Index kc = k, mc = n, nc = m;
+    Eigen::internal::computeProductBlockingSizes<T, T, 1>(kc, mc, nc, Eigen::Index{1});
+    return {kc, mc, nc, kc * std::min<int64_t>(n, mc), kc * std::min<int64_t>(m, nc)};
+#else
+    return {0, 0, 0, 0, 0};
+#endif
+  }
+
+#if EMBER_GEMM_PANELS_FROM_ALLOCATOR
+  // Takes the panels of sizes() from the host allocator on first use.
   Eigen::internal::level3_blocking<T, T>& blocking(int64_t m, int64_t n, int64_t k) {
     if (!panel_a_.defined()) {
-      Eigen::Index kc = k, mc = n, nc = m;
-      Eigen::internal::computeProductBlockingSizes<T, T, 1>(kc, mc, nc, Eigen::Index{1});
-      this->m_kc = kc;
-      this->m_mc = mc;
-      this->m_nc = nc;
-      // The routine packs at most kc x min(rows, mc) and kc x min(cols, nc) elements (rows = N, cols = M).
-      panel_a_ = empty({kc * std::min<int64_t>(n, mc)}, TensorOptions(dtype_of_v<T>, Device::cpu()));
-      panel_b_ = empty({kc * std::min<int64_t>(m, nc)}, TensorOptions(dtype_of_v<T>, Device::cpu()));
+      const Blocking b = sizes(m, n, k);
+      this->m_kc = b.kc;
+      this->m_mc = b.mc;
+      this->m_nc = b.nc;
+      panel_a_ = empty({b.panel_a}, TensorOptions(dtype_of_v<T>, Device::cpu()));
+      panel_b_ = empty({b.panel_b}, TensorOptions(dtype_of_v<T>, Device::cpu()));
       this->m_blockA = static_cast<T*>(panel_a_.raw_data());
       this->m_blockB = static_cast<T*>(panel_b_.raw_data());
     }
@@ -197,8 +212,52 @@ void bmm_kernel(const Tensor& a, const Tensor& b, const Tensor& out) {
   EMBER_DISPATCH_FLOAT(a.dtype(), "bmm", [&] { bmm_typed<scalar_t>(a, b, out); });
 }
 
+// ---- the same workspace on meta (Note [Meta kernels]) ---------------------------------------------------------------
+
+// True when with_eigen packs the operand (neither stride is unit).
+bool packs(int64_t rows, int64_t cols, int64_t rs, int64_t cs) {
+  return !(cs == 1 || cols == 1) && !(rs == 1 || rows == 1);
+}
+
+// What gemm takes on its first call, in gemm's order: a's packing, b's packing, then the two panels. Later calls of a
+// bmm reuse them; all are freed when the bmm returns, last-taken first.
+template <class T>
+void take_gemm_workspace(MetaWorkspace& ws, int64_t M, int64_t K, int64_t N, int64_t a_rs, int64_t a_cs,
+                         int64_t b_rs, int64_t b_cs) {
+  if (K == 0) return;  // gemm zero-fills and returns
+  if (packs(M, K, a_rs, a_cs)) ws.take(M * K, dtype_of_v<T>);
+  if (packs(K, N, b_rs, b_cs)) ws.take(K * N, dtype_of_v<T>);
+  if (GemmPanels<T>::blocked(M, N, K)) {
+    const typename GemmPanels<T>::Blocking b = GemmPanels<T>::sizes(M, N, K);
+    ws.take(b.panel_a, dtype_of_v<T>);
+    ws.take(b.panel_b, dtype_of_v<T>);
+  }
+}
+
+void bmm_meta_kernel(const Tensor& a, const Tensor& b, const Tensor& out) {
+  if (out.numel() == 0) return;
+  replay_bmm_workspace(a.dtype(), a.size(1), a.size(2), b.size(2), a.stride(1), a.stride(2), b.stride(1), b.stride(2));
+}
+
 }  // namespace
 
+void replay_bmm_workspace(DType dtype, int64_t M, int64_t K, int64_t N, int64_t a_rs, int64_t a_cs, int64_t b_rs,
+                          int64_t b_cs) {
+  MetaWorkspace ws;
+  switch (dtype) {
+    case DType::f32: take_gemm_workspace<float>(ws, M, K, N, a_rs, a_cs, b_rs, b_cs); break;
+    case DType::f64: take_gemm_workspace<double>(ws, M, K, N, a_rs, a_cs, b_rs, b_cs); break;
+    case DType::f16:
+    case DType::bf16:
+      // bmm_typed's f32 staging, then the f32 gemm of the contiguous widened operands.
+      ws.take(M * K + K * N + M * N, DType::f32);
+      take_gemm_workspace<float>(ws, M, K, N, K, 1, N, 1);
+      break;
+    default: EMBER_THROW(DTypeError, "bmm: expects a floating dtype, got ", dtype_name(dtype));
+  }
+}
+
 EMBER_REGISTER_KERNEL(bmm, DeviceType::CPU, bmm_kernel);
+EMBER_REGISTER_KERNEL(bmm, DeviceType::Meta, bmm_meta_kernel);
 
 }  // namespace ember::kernels::cpu
