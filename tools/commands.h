@@ -13,4 +13,8 @@ void add_bench_command(CLI::App& app);
 // `ember estimate --model mlp|cnn|gpt [--batch-size N] [--amp MODE] [--checkpoint POLICY] [--grad-accum N] [--json]`
 void add_estimate_command(CLI::App& app);
 
+// `ember plan --model mlp|cnn|gpt --budget SIZE [--batch-size N] [--amp a,b] [--checkpoint a,b] [--max-grad-accum N]
+// [--device cpu|cuda] [--json]`
+void add_plan_command(CLI::App& app);
+
 }  // namespace ember::tools

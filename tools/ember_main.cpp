@@ -10,6 +10,7 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   ember::tools::add_bench_command(app);
   ember::tools::add_estimate_command(app);
+  ember::tools::add_plan_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

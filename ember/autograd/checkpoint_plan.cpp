@@ -135,11 +135,14 @@ void evaluate(CheckpointPlan& plan, const std::vector<BlockProfile>& profile) {
   int64_t held = 0, peak = 0;  // held: P of the next segment
   double extra = 0.0, forward = 0.0;
   for (const BlockProfile& b : profile) forward += b.cost;
+  plan.recomputed_bytes = plan.activation_bytes = 0;
   for (const CheckpointSegment& s : plan.segments) {
     const int64_t in = s.recompute ? profile[s.begin].input_bytes : 0;
     int64_t a = 0;
     for (int64_t k = s.begin; k < s.end; ++k) {
       a += profile[k].activation_bytes;
+      plan.activation_bytes += profile[k].activation_bytes;
+      if (s.recompute) plan.recomputed_bytes += profile[k].activation_bytes;
       peak = std::max(peak, held + in + a + profile[k].backward_bytes);
       if (s.recompute) extra += profile[k].cost;
     }

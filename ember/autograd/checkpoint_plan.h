@@ -58,6 +58,8 @@ struct CheckpointPlan {
   int64_t no_checkpoint_bytes = 0;   // the same with every block kept
   double extra_cost = 0.0;           // seconds of forward recomputed per step
   double forward_cost = 0.0;         // seconds of one forward of the whole chain
+  int64_t recomputed_bytes = 0;      // activation bytes of the recomputed blocks (what recomputation re-creates)
+  int64_t activation_bytes = 0;      // activation bytes of the whole chain
   bool fits = true;                  // budget: the prediction fits (false: the cheapest plan that comes closest)
   int64_t num_blocks() const { return segments.empty() ? 0 : segments.back().end; }
   bool recomputes(int64_t block) const;

@@ -46,8 +46,10 @@ MemoryEstimate run_steps(const EstimateOptions& o, Device device) {
   e.grad_accum = setup.grad_accum;
   e.steps = o.steps;
   e.parameters = setup.task.model->num_parameters();
-  if (setup.policy.kind != autograd::CheckpointPolicy::Kind::none && setup.plan.forward_cost > 0.0)
-    e.recompute_fraction = setup.plan.extra_cost / setup.plan.forward_cost;
+  // Note [Plan cost model] (memory_plan.h): the recomputed blocks' share of the chain's activation bytes — on meta
+  // there are no times to use, and bytes make the estimate deterministic.
+  if (setup.policy.kind != autograd::CheckpointPolicy::Kind::none && setup.plan.activation_bytes > 0)
+    e.recompute_fraction = double(setup.plan.recomputed_bytes) / double(setup.plan.activation_bytes);
   StepRecord record;
   for (int64_t i = 0; i < o.steps; ++i) run_training_step(setup, i + 1 == o.steps ? &record : nullptr);
   e.by_role = record.after_backward;

@@ -37,8 +37,9 @@ struct MemoryEstimate {
   // Bytes by role in the last step: weights, gradients, fp32 masters and optimizer state after its backward (state:
   // after its optimizer step), activations = what its forward left allocated. Zero for estimate_peak.
   MemoryBreakdown by_role;
-  // Forward compute the checkpoint plan adds per step, as a fraction of one forward of the block chain
-  // (plan.extra_cost / plan.forward_cost, from the profile's block times; 0 when nothing is recomputed).
+  // Forward compute the checkpoint plan adds per step, as a fraction of one forward of the block chain, taken as the
+  // recomputed blocks' share of the chain's activation bytes (deterministic on meta; Note [Plan cost model] in
+  // memory_plan.h); 0 when nothing is recomputed.
   double recompute_fraction = 0.0;
   double seconds = 0.0;  // wall time of the dry run (or of the measured run)
   std::string to_string() const;  // one readable line
