@@ -80,16 +80,7 @@ void add_bench_command(CLI::App& app) {
   train->add_option("--checkpoint", args->checkpoint,
                     "activation checkpointing: none | sqrt | budget:SIZE (e.g. budget:8MiB), planned once before the "
                     "first step")
-      ->check(CLI::Validator(
-          [](std::string& text) -> std::string {
-            try {
-              autograd::CheckpointPolicy::parse(text);
-              return {};
-            } catch (const Error& e) {
-              return e.what();
-            }
-          },
-          "none|sqrt|budget:SIZE"));
+      ->check(checkpoint_policy_validator());
   train->add_option("--batch-size", args->batch, "batch size (default: the config's)")
       ->check(CLI::Range(int64_t{1}, std::numeric_limits<int64_t>::max()));
   train->add_option("--grad-accum", args->grad_accum, "micro-batches per step (must divide the batch)")

@@ -3,8 +3,26 @@
 #pragma once
 
 #include <CLI/CLI.hpp>
+#include <string>
+
+#include "ember/autograd/checkpoint_plan.h"
+#include "ember/base/error.h"
 
 namespace ember::tools {
+
+// Accepts what autograd::CheckpointPolicy::parse takes (none, sqrt, budget:SIZE); CLI11 prints parse's message.
+inline CLI::Validator checkpoint_policy_validator() {
+  return CLI::Validator(
+      [](std::string& text) -> std::string {
+        try {
+          autograd::CheckpointPolicy::parse(text);
+          return {};
+        } catch (const Error& e) {
+          return e.what();
+        }
+      },
+      "none|sqrt|budget:SIZE");
+}
 
 // `ember bench train --model mlp|cnn|gpt --steps N --device cpu|cuda[:N] [--warmup N] [--batch-size N]
 // [--grad-accum N] [--json]`

@@ -53,16 +53,7 @@ void add_estimate_command(CLI::App& app) {
       ->check(CLI::IsMember({"none", "fp32", "fp16", "bf16", "autocast-fp16", "autocast-bf16"}));
   cmd->add_option("--checkpoint", args->checkpoint,
                   "activation checkpointing: none | sqrt | budget:SIZE (e.g. budget:8MiB); cnn: none only")
-      ->check(CLI::Validator(
-          [](std::string& text) -> std::string {
-            try {
-              autograd::CheckpointPolicy::parse(text);
-              return {};
-            } catch (const Error& e) {
-              return e.what();
-            }
-          },
-          "none|sqrt|budget:SIZE"));
+      ->check(checkpoint_policy_validator());
   cmd->add_option("--grad-accum", args->grad_accum, "micro-batches per step (must divide the batch)")
       ->check(CLI::Range(int64_t{1}, std::numeric_limits<int64_t>::max()));
   cmd->add_option("--steps", args->steps, "steps simulated (the optimizer state appears in the first)")

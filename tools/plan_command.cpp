@@ -51,9 +51,12 @@ void add_plan_command(CLI::App& app) {
   cmd->add_option("--batch-size", args->batch, "effective batch (default: the config's)")
       ->check(CLI::Range(int64_t{1}, std::numeric_limits<int64_t>::max()));
   cmd->add_option("--budget", args->budget, "memory the step may reserve, e.g. 512MiB")->required();
-  cmd->add_option("--amp", args->amps, "precisions to consider (default: none bf16 fp16)")->delimiter(',');
+  cmd->add_option("--amp", args->amps, "precisions to consider (default: none bf16 fp16)")
+      ->delimiter(',')
+      ->check(CLI::IsMember({"none", "fp32", "fp16", "bf16", "autocast-fp16", "autocast-bf16"}));
   cmd->add_option("--checkpoint", args->checkpoints, "checkpoint policies to consider (default: none sqrt)")
-      ->delimiter(',');
+      ->delimiter(',')
+      ->check(checkpoint_policy_validator());
   cmd->add_option("--max-grad-accum", args->max_grad_accum, "largest accumulation tried (powers of two)")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
   cmd->add_option("--device", args->device, "whose relative speeds of the precisions apply: cpu | cuda")

@@ -16,17 +16,7 @@
 #include "ember/optim/adam.h"
 #include "ember/train/batch_finder.h"
 #include "tests/harness/op_harness.h"
-
-#if defined(__SANITIZE_ADDRESS__)
-#define EMBER_TEST_LSAN 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define EMBER_TEST_LSAN 1
-#endif
-#endif
-#if EMBER_TEST_LSAN
-#include <sanitizer/lsan_interface.h>
-#endif
+#include "tests/train/simulated_device.h"
 
 namespace ember::testing {
 namespace {
@@ -35,20 +25,6 @@ namespace F = nn::functional;
 using memory::kMiB;
 using train::AmpMode;
 using train::AmpTrainer;
-
-// Rebuilds the process-wide CPU allocator (it must hold no live allocation) as a device of `capacity` bytes
-// (memory::kNoLimit: the unbounded host); nothing to do when it already is one. The memory layer keeps a replaced
-// allocator alive on purpose (a caller may still hold it): LeakSanitizer is told so.
-void use_device(int64_t capacity) {
-  memory::CachingAllocator* old = &memory::cpu_allocator();
-  if (old->config().capacity == capacity) return;
-  memory::AllocatorConfig c = memory::alloc_config_from_env();
-  c.capacity = capacity;
-  memory::configure_cpu_allocator(c);
-#if EMBER_TEST_LSAN
-  __lsan_ignore_object(old);
-#endif
-}
 
 class BatchFinder : public ::testing::Test {
  protected:
