@@ -9,6 +9,7 @@
 
 #include "ember/core/core_stubs.h"
 #include "ember/core/grad_mode.h"
+#include "ember/core/meta_scope.h"
 #include "ember/memory/cuda_device.h"
 
 namespace ember {
@@ -489,13 +490,15 @@ std::vector<T> Tensor::to_vector() const {
   }
 }
 
-// Note [Reading a meta tensor]: a meta tensor has no values; item() reads it as 0, so the control flow of a dry run
-// (a loss printed, GradScaler's found-inf check, a gradient norm) takes the path of finite, unremarkable values
-// instead of throwing. to_vector still refuses: a whole tensor of made-up values would be mistaken for data.
+// Note [Reading a meta tensor]: a meta tensor has no values; inside a MetaAllocationScope (a dry run) item() reads
+// it as 0, so the control flow of the run (a loss printed, GradScaler's found-inf check, a gradient norm) takes the
+// path of finite, unremarkable values instead of throwing — a dry run therefore never clips and never skips a step.
+// Outside a scope it refuses (DeviceError), so a state dict or a learning rate read from meta tensors by mistake is
+// not silently 0. to_vector always refuses: a whole tensor of made-up values would be mistaken for data.
 template <class T>
 T Tensor::item() const {
   EMBER_CHECK(numel() == 1, ShapeError, "item: expects a tensor with one element, got ", description());
-  if (device().is_meta()) return T(0);
+  if (device().is_meta() && current_meta_allocator() != nullptr) return T(0);
   return to_vector<T>()[0];
 }
 

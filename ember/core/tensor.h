@@ -109,7 +109,8 @@ class Tensor {
 
   template <class T>
   T item() const;
-  double item_double() const;          // value of a one-element tensor as double (meta: 0, Note [Reading a meta tensor])
+  // The value of a one-element tensor as double (meta inside a dry run: 0, Note [Reading a meta tensor]).
+  double item_double() const;
   template <class T>
   std::vector<T> to_vector() const;    // all elements in row-major order, converted to T
 

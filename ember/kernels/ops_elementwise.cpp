@@ -112,7 +112,8 @@ void add_(const Tensor& a, const Tensor& b) {
   EMBER_CHECK(broadcast_shapes(a.sizes(), b.sizes(), "add_") == a.sizes(), ShapeError, "add_: ", b.description(),
               " does not broadcast to the destination's shape ", a.description());
   // The kernel reads a[i] and b[i] before writing out[i] = a[i]: the same element, so out may alias a.
-  if (needs_kernel(a)) binary_stub.get(device.type)(BinaryOp::Add, a, b.to(a.dtype()).expand(a.sizes()), a);
+  const Tensor operand = b.to(a.dtype()).expand(a.sizes());  // made on meta too: a dry run allocates the same
+  if (needs_kernel(a)) binary_stub.get(device.type)(BinaryOp::Add, a, operand, a);
   a.bump_version();
 }
 Tensor mul(const Tensor& a, const Tensor& b) { return binary_op(BinaryOp::Mul, a, b); }

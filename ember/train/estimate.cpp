@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "ember/base/error.h"
+#include "ember/core/generator.h"
 #include "ember/core/meta_scope.h"
 #include "ember/memory/address_only.h"
 #include "ember/memory/cpu_allocator.h"
@@ -64,6 +65,12 @@ memory::AllocatorConfig cpu_policy() { return memory::effective_config(memory::c
 
 MemoryEstimate estimate_step(const EstimateOptions& o) {
   const auto t0 = Clock::now();
+  // The standard task seeds the default generator: a dry run in the middle of training leaves its stream as it was.
+  const PhiloxState rng = default_generator().state();
+  struct RestoreRng {
+    PhiloxState state;
+    ~RestoreRng() { default_generator().set_state(state); }
+  } restore_rng{rng};
   MetaAllocationScope scope(o.allocator.value_or(cpu_policy()));
   MemoryEstimate e = run_steps(o, Device::meta());  // every meta tensor of the run is dead when it returns
   const memory::AllocatorStats s = scope.allocator().stats();

@@ -8,10 +8,13 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "ember/autograd/checkpoint_plan.h"
 #include "ember/base/error.h"
 #include "ember/memory/allocator.h"
 #include "ember/memory/cpu_allocator.h"
 #include "ember/memory/address_only.h"
+#include "ember/nn/layers.h"
+#include "ember/nn/transformer.h"
 #include "ember/train/amp.h"
 #include "ember/train/bench_train.h"
 #include "ember/train/estimate.h"
@@ -124,15 +127,33 @@ TrainingPlan plan_training(const PlanOptions& o) {
   EMBER_CHECK(o.max_grad_accum >= 1, ValueError, "plan_training: max_grad_accum must be >= 1, got ", o.max_grad_accum);
   EMBER_CHECK(o.accum_overhead >= 0.0, ValueError, "plan_training: accum_overhead must be >= 0, got ",
               o.accum_overhead);
+  for (const auto& [name, factor] : o.precision_factors) {  // every override, planned precision or not
+    parse_amp_mode(name);
+    EMBER_CHECK(factor > 0.0, ValueError, "plan_training: the precision factor for ", name, " must be > 0, got ",
+                factor);
+  }
   const auto t0 = std::chrono::steady_clock::now();
   TrainingPlan plan;
   plan.model = o.model;
   plan.budget_bytes = o.budget_bytes;
-  plan.batch = o.batch > 0 ? o.batch : make_standard_task(o.model, Device::meta()).batch;
+  // The config on meta, outside any scope (byte-free): its default batch, and whether it has a block chain to
+  // checkpoint. ValueError for an unknown config or a negative batch.
+  const StandardTask probe = make_standard_task(o.model, Device::meta(), /*seed=*/0, o.batch);
+  plan.batch = probe.batch;
+  const bool has_chain = dynamic_cast<const nn::GPT*>(probe.model.get()) != nullptr ||
+                         dynamic_cast<const nn::Sequential*>(probe.model.get()) != nullptr;
+  // A config without a block chain (cnn) runs without checkpointing only: the other policies are left out.
+  std::vector<std::string> checkpoints;
+  for (const std::string& checkpoint : o.checkpoints) {
+    const autograd::CheckpointPolicy policy = autograd::CheckpointPolicy::parse(checkpoint);  // ConfigError
+    if (has_chain || policy.kind == autograd::CheckpointPolicy::Kind::none) checkpoints.push_back(checkpoint);
+  }
+  EMBER_CHECK(!checkpoints.empty(), ValueError, "plan_training: the ", o.model,
+              " config has no block chain to checkpoint; include the policy none");
   for (const std::string& amp : o.amps) {
     const AmpMode mode = parse_amp_mode(amp);
     const double precision = precision_factor(o, mode);
-    for (const std::string& checkpoint : o.checkpoints) {
+    for (const std::string& checkpoint : checkpoints) {
       for (int64_t k = 1; k <= std::min(o.max_grad_accum, plan.batch); k *= 2) {
         if (plan.batch % k != 0) continue;
         EstimateOptions e;

@@ -33,7 +33,7 @@ struct PlanOptions {
   int64_t batch = 0;           // the effective batch (0: the config's default)
   int64_t budget_bytes = 0;    // the device memory the step may reserve (> 0)
   std::vector<std::string> amps = {"none", "bf16", "fp16"};
-  std::vector<std::string> checkpoints = {"none", "sqrt"};  // mlp/gpt; cnn supports none only
+  std::vector<std::string> checkpoints = {"none", "sqrt"};  // a config without a block chain (cnn) plans none only
   int64_t max_grad_accum = 64;  // accumulation tried: 1, 2, 4, ... dividing the batch, up to this
   DeviceType device = DeviceType::CPU;  // whose default precision factors apply
   std::vector<std::pair<std::string, double>> precision_factors;  // overrides, e.g. {{"fp16", 0.6}}
@@ -61,8 +61,10 @@ struct TrainingPlan {
 };
 
 // For each precision and checkpoint policy, the accumulations 1, 2, 4, ... (dividing the batch, up to
-// max_grad_accum) are estimated until one fits (more accumulation only costs more). ValueError for a budget <= 0
-// or an empty list; ConfigError for unknown spellings.
+// max_grad_accum) are estimated until one fits (more accumulation only costs more). A config without a block chain
+// (cnn) leaves out every checkpoint policy but none. ValueError for a budget <= 0, a negative batch, an empty list,
+// a precision factor <= 0, or no none among the policies of a config without a block chain; ConfigError for unknown
+// spellings (in precision_factors too).
 TrainingPlan plan_training(const PlanOptions& options);
 
 }  // namespace ember::train

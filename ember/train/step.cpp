@@ -28,8 +28,8 @@ autograd::CheckpointPlan plan_checkpointing(StandardTask& task, const Tensor& mi
   auto* gpt = dynamic_cast<nn::GPT*>(model);
   auto* seq = dynamic_cast<nn::Sequential*>(model);
   if (!gpt && !seq) {
-    EMBER_CHECK(policy.kind == autograd::CheckpointPolicy::Kind::none, ValueError, "bench train --checkpoint ",
-                policy.str(), ": the ", task.name, " config has no block chain");
+    EMBER_CHECK(policy.kind == autograd::CheckpointPolicy::Kind::none, ValueError, "training step: checkpoint policy ",
+                policy.str(), ": the ", task.name, " config has no block chain (none only)");
     return {};
   }
   autograd::CheckpointPlan plan;

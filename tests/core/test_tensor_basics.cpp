@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "ember/core/meta_scope.h"
 #include "ember/core/tensor.h"
 #include "ember/memory/host_allocator.h"
 #include "tests/harness/op_harness.h"
@@ -317,7 +318,12 @@ TEST(Meta, ShapeWithoutData) {
   EXPECT_EQ(m.data<float>(), nullptr);
   EXPECT_THROW(m.to_vector<float>(), DeviceError);
   EXPECT_THROW(m.item<float>(), ShapeError);
-  EXPECT_EQ(empty({}, Device::meta()).item<float>(), 0.0f);  // Note [Reading a meta tensor]: a dry run reads 0
+  EXPECT_THROW(empty({}, Device::meta()).item<float>(), DeviceError);  // outside a dry run: no value to read
+  {
+    MetaAllocationScope dry_run;  // Note [Reading a meta tensor]: inside one it reads 0
+    EXPECT_EQ(empty({}, Device::meta()).item<float>(), 0.0f);
+    EXPECT_EQ(empty({1}, Device::meta()).item_double(), 0.0);
+  }
   EXPECT_THROW(allocator_for(Device::meta()), DeviceError);
 }
 

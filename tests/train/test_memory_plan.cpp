@@ -73,6 +73,23 @@ TEST(MemoryPlan, NothingFitsATinyBudget) {
   EXPECT_NE(plan.to_string().find("nothing fits"), std::string::npos);
 }
 
+TEST(MemoryPlan, ConfigsWithoutABlockChainPlanWithoutCheckpointing) {
+  // The default policies are none and sqrt; the cnn config has no block chain, so only none applies to it (as
+  // `ember plan --model cnn` with its default --checkpoint list needs).
+  PlanOptions o;
+  o.model = "cnn";
+  o.batch = 8;
+  o.budget_bytes = int64_t{1} << 30;
+  o.amps = {"none"};
+  o.max_grad_accum = 1;
+  const TrainingPlan plan = plan_training(o);
+  ASSERT_EQ(plan.candidates.size(), 1u);
+  EXPECT_EQ(plan.candidates[0].checkpoint, "none");
+  EXPECT_NE(plan.best(), nullptr);
+  o.checkpoints = {"sqrt"};  // asked for checkpointing only: nothing to plan
+  EXPECT_THROW(plan_training(o), ValueError);
+}
+
 TEST(MemoryPlan, RejectsBadOptions) {
   PlanOptions o;
   o.model = "mlp";
@@ -85,6 +102,14 @@ TEST(MemoryPlan, RejectsBadOptions) {
   EXPECT_THROW(plan_training(o), ConfigError);
   o.checkpoints = {};
   EXPECT_THROW(plan_training(o), ValueError);
+  o.checkpoints = {"none"};
+  o.batch = -4;  // not the config's default
+  EXPECT_THROW(plan_training(o), ValueError);
+  o.batch = 0;
+  o.precision_factors = {{"fp16", -1.0}};  // an override is checked whether or not its precision is planned
+  EXPECT_THROW(plan_training(o), ValueError);
+  o.precision_factors = {{"fp8", 1.0}};
+  EXPECT_THROW(plan_training(o), ConfigError);
 }
 
 }  // namespace
