@@ -206,13 +206,9 @@ StateDict MixedPrecisionOptimizer::state_dict() const {
   return out;
 }
 
-StateDict MixedPrecisionOptimizer::scaler_state_dict() const {
-  return detail::scaler_state_dict(loss_scale(), growth_tracker_.item<int32_t>(), options_.scaler, "");
-}
-
-void MixedPrecisionOptimizer::load_scaler_state_dict(const StateDict& entries) {
-  const std::string who = std::string(kWho) + "::load_scaler_state_dict";
-  const detail::ScalerState s = detail::parse_scaler_state(who.c_str(), entries);
+// Takes a parsed scaler state: its growth/backoff options (keeping whether scaling is on) and, where this optimizer
+// scales, the scale and growth tracker written in place.
+void MixedPrecisionOptimizer::apply_scaler_state(const detail::ScalerState& s) {
   NoGradGuard no_grad;
   const bool enabled = options_.scaler.enabled;
   options_.scaler = s.options;
@@ -221,6 +217,16 @@ void MixedPrecisionOptimizer::load_scaler_state_dict(const StateDict& entries) {
     scale_.fill_(s.scale);
     growth_tracker_.fill_(s.growth_tracker);
   }
+}
+
+StateDict MixedPrecisionOptimizer::scaler_state_dict() const {
+  return detail::scaler_state_dict(loss_scale(), growth_tracker_.item<int32_t>(), options_.scaler, "");
+}
+
+void MixedPrecisionOptimizer::load_scaler_state_dict(const StateDict& entries) {
+  const std::string who = std::string(kWho) + "::load_scaler_state_dict";
+  const detail::ScalerState s = detail::parse_scaler_state(who.c_str(), entries);
+  apply_scaler_state(s);
 }
 
 void MixedPrecisionOptimizer::load_state_dict(const StateDict& dict) {
@@ -256,13 +262,7 @@ void MixedPrecisionOptimizer::load_state_dict(const StateDict& dict) {
     masters_[i].copy_(loaded[i]);
     params_[i].copy_(masters_[i]);
   }
-  const bool enabled = options_.scaler.enabled;
-  options_.scaler = s.options;
-  options_.scaler.enabled = enabled;
-  if (uses_scaling(options_)) {
-    scale_.fill_(s.scale);
-    growth_tracker_.fill_(s.growth_tracker);
-  }
+  apply_scaler_state(s);
   unscaled_ = false;
 }
 

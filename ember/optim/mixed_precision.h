@@ -97,6 +97,8 @@ class MixedPrecisionOptimizer {
   void load_scaler_state_dict(const StateDict& entries);
 
  private:
+  void apply_scaler_state(const detail::ScalerState& s);
+
   MixedPrecisionOptions options_;
   std::vector<Tensor> params_;   // model parameters (f16/bf16)
   std::vector<Tensor> masters_;  // fp32 masters, one per parameter, same order
