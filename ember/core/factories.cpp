@@ -9,6 +9,7 @@
 #include "ember/core/meta_scope.h"
 #include "ember/core/philox.h"
 #include "ember/core/tensor.h"
+#include "ember/memory/pinned_pool.h"
 
 namespace ember {
 
@@ -21,29 +22,55 @@ Tensor empty(const Shape& shape, TensorOptions opts) {
   return empty_strided(shape, contiguous_strides(shape), opts);
 }
 
-Tensor empty_strided(const Shape& shape, const Shape& strides, TensorOptions opts) {
-  check_sizes(shape, "empty");
-  EMBER_CHECK(shape.size() == strides.size(), ShapeError, "empty_strided: ", shape.size(), " sizes but ",
-              strides.size(), " strides");
+namespace {
+
+// Note [Storage source]: every factory funnels through make_dense, which checks the geometry once and takes its
+// storage from `make_storage(nbytes)` — the device's allocator (the default), the pinned host pool, or the device's
+// allocator for a given stream.
+template <class MakeStorage>
+Tensor make_dense(const Shape& shape, const Shape& strides, DType dtype, const char* op, MakeStorage&& make_storage) {
+  check_sizes(shape, op);
+  EMBER_CHECK(shape.size() == strides.size(), ShapeError, op, ": ", shape.size(), " sizes but ", strides.size(),
+              " strides");
   int64_t extent = numel_of(shape) == 0 ? 0 : 1;
   for (size_t i = 0; i < shape.size() && extent > 0; ++i) {
-    EMBER_CHECK(strides[i] >= 0, ShapeError, "empty_strided: negative stride in ", shape_str(strides));
+    EMBER_CHECK(strides[i] >= 0, ShapeError, op, ": negative stride in ", shape_str(strides));
     int64_t span = 0;
     const bool overflow = __builtin_mul_overflow(shape[i] - 1, strides[i], &span) ||
                           __builtin_add_overflow(extent, span, &extent);
-    EMBER_CHECK(!overflow, ShapeError, "empty: shape ", shape_str(shape), " with strides ", shape_str(strides),
+    EMBER_CHECK(!overflow, ShapeError, op, ": shape ", shape_str(shape), " with strides ", shape_str(strides),
                 " spans more elements than int64 can count");
   }
   int64_t nbytes = 0;
-  EMBER_CHECK(!__builtin_mul_overflow(extent, itemsize(opts.dtype), &nbytes), ShapeError, "empty: ",
-              dtype_name(opts.dtype), shape_str(shape), " needs more bytes than int64 can count");
+  EMBER_CHECK(!__builtin_mul_overflow(extent, itemsize(dtype), &nbytes), ShapeError, op, ": ", dtype_name(dtype),
+              shape_str(shape), " needs more bytes than int64 can count");
   auto impl = std::make_shared<TensorImpl>();
-  impl->storage = std::make_shared<StorageImpl>(nbytes, opts.device);
+  impl->storage = make_storage(nbytes);
   impl->sizes = shape;
   impl->strides = strides;
-  impl->dtype = opts.dtype;
+  impl->dtype = dtype;
   impl->is_inference = InferenceMode::is_enabled();
   return Tensor(std::move(impl));
+}
+
+}  // namespace
+
+Tensor empty_strided(const Shape& shape, const Shape& strides, TensorOptions opts) {
+  return make_dense(shape, strides, opts.dtype, "empty",
+                    [&](int64_t nbytes) { return std::make_shared<StorageImpl>(nbytes, opts.device); });
+}
+
+Tensor empty_pinned(const Shape& shape, DType dtype) {
+  return make_dense(shape, contiguous_strides(shape), dtype, "empty_pinned", [&](int64_t nbytes) {
+    return std::make_shared<StorageImpl>(nbytes, Device::cpu(), memory::pinned_pool(), memory::StreamId{0}, true);
+  });
+}
+
+Tensor empty_on_stream(const Shape& shape, TensorOptions opts, memory::StreamId stream) {
+  EMBER_CHECK(!opts.device.is_meta(), DeviceError, "empty_on_stream: meta tensors have no stream");
+  return make_dense(shape, contiguous_strides(shape), opts.dtype, "empty_on_stream", [&](int64_t nbytes) {
+    return std::make_shared<StorageImpl>(nbytes, opts.device, allocator_for(opts.device), stream, false);
+  });
 }
 
 Tensor meta_placeholder(const Shape& shape, DType dtype) {

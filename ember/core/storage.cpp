@@ -62,6 +62,14 @@ StorageImpl::StorageImpl(int64_t nbytes, Device device) : nbytes_(nbytes), devic
   data_ = allocator_->allocate(nbytes);
 }
 
+StorageImpl::StorageImpl(int64_t nbytes, Device device, memory::Allocator& allocator, memory::StreamId stream,
+                         bool pinned)
+    : nbytes_(nbytes), device_(device), allocator_(&allocator), pinned_(pinned) {
+  EMBER_CHECK(nbytes >= 0, ValueError, "Storage: negative size ", nbytes);
+  EMBER_CHECK(!device.is_meta(), DeviceError, "Storage: meta storage takes no allocator");
+  data_ = allocator_->allocate(nbytes, stream);
+}
+
 StorageImpl::~StorageImpl() {
   if (allocator_ != nullptr && data_ != nullptr) {
     try {

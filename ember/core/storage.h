@@ -20,6 +20,10 @@ memory::Allocator& allocator_for(Device device);
 class StorageImpl {
  public:
   StorageImpl(int64_t nbytes, Device device);  // allocates (meta: an address inside a MetaAllocationScope, else none)
+  // Allocates from `allocator` for work on `stream` instead of from allocator_for(device): pinned host staging
+  // buffers (memory::pinned_pool(), `pinned` true) and device buffers filled on a side stream. The caller vouches that
+  // the allocator serves `device`.
+  StorageImpl(int64_t nbytes, Device device, memory::Allocator& allocator, memory::StreamId stream, bool pinned);
   ~StorageImpl();
   StorageImpl(const StorageImpl&) = delete;
   StorageImpl& operator=(const StorageImpl&) = delete;
@@ -29,12 +33,15 @@ class StorageImpl {
   Device device() const { return device_; }
   int64_t version() const { return version_.load(std::memory_order_relaxed); }
   void bump_version() { version_.fetch_add(1, std::memory_order_relaxed); }
+  memory::Allocator* allocator() const { return allocator_; }  // null for byte-free meta storage
+  bool pinned() const { return pinned_; }                          // page-locked host memory from the pinned pool
 
  private:
   void* data_ = nullptr;
   int64_t nbytes_ = 0;
   Device device_;
   memory::Allocator* allocator_ = nullptr;
+  bool pinned_ = false;
   std::shared_ptr<memory::Allocator> meta_owner_;  // meta in a scope: keeps the scope's allocator alive
   std::atomic<int64_t> version_{0};
 };

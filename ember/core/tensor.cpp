@@ -315,6 +315,25 @@ Tensor Tensor::contiguous() const {
   return clone();
 }
 
+bool Tensor::is_pinned() const { return impl().storage->pinned(); }
+
+Tensor Tensor::pin_memory() const {
+  EMBER_CHECK(device().is_cpu(), DeviceError, "pin_memory: only CPU tensors can be pinned, got ", description());
+  if (is_pinned()) return *this;
+  Tensor out = empty_pinned(sizes(), dtype());
+  NoGradGuard no_grad;
+  out.copy_(*this);
+  return out;
+}
+
+void Tensor::record_stream(memory::StreamId stream) const {
+  const StorageImpl& storage = *impl().storage;
+  // Ordinary CPU bytes and byte-free meta storage are never touched by a device stream.
+  if (storage.allocator() == nullptr || storage.data() == nullptr) return;
+  if (storage.device().is_cpu() && !storage.pinned()) return;
+  storage.allocator()->record_stream(storage.data(), stream);
+}
+
 Tensor Tensor::clone() const {
   Tensor out = empty(sizes(), {dtype(), device()});
   {

@@ -103,6 +103,11 @@ class Tensor {
   Tensor to(DType dtype) const;    // *this when already that dtype
   Tensor to(Device device, DType dtype) const;
   Tensor cpu() const { return to(Device::cpu()); }
+  bool is_pinned() const;       // bytes from the pinned host pool (empty_pinned, pin_memory)
+  Tensor pin_memory() const;    // a pinned contiguous copy of a CPU tensor (*this when already pinned)
+  // Work queued on `stream` uses this tensor's bytes: the allocator will not reuse them before that work is done
+  // (memory::Allocator::record_stream; nothing to do for CPU allocators).
+  void record_stream(memory::StreamId stream) const;
   Tensor& copy_(const Tensor& src);  // src broadcasts to this shape; dtype cast; devices may differ
   Tensor& fill_(Scalar value);
   Tensor& zero_() { return fill_(0); }
@@ -155,6 +160,12 @@ Tensor zeros(const Shape& shape, TensorOptions opts = {});
 Tensor ones(const Shape& shape, TensorOptions opts = {});
 Tensor full(const Shape& shape, Scalar value, TensorOptions opts = {});
 Tensor empty_like(const Tensor& t);
+// A contiguous CPU tensor in page-locked memory from the pinned pool (memory::pinned_pool(); ordinary host memory in
+// a build or on a machine without CUDA): the staging buffer an asynchronous host-to-device copy reads from.
+Tensor empty_pinned(const Shape& shape, DType dtype = DType::f32);
+// A contiguous tensor whose bytes the device's allocator hands out for work on `stream` (a cudaStream_t's bits; 0 is
+// the legacy default stream): a buffer a side stream fills. Use record_stream for every other stream that uses it.
+Tensor empty_on_stream(const Shape& shape, TensorOptions opts, memory::StreamId stream);
 Tensor zeros_like(const Tensor& t);
 Tensor ones_like(const Tensor& t);
 Tensor scalar_tensor(Scalar value, TensorOptions opts = {});  // 0-d

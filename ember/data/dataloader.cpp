@@ -1,0 +1,438 @@
+// The DataLoader's epoch: worker threads with bounded per-worker queues, in-order delivery, exception forwarding,
+// clean shutdown, and the device stage that queues host-to-device copies ahead of the consumer.
+// Invariant: worker w produces, in increasing order, exactly the batches the consumer will take from its queue
+// (map-style: k = w, w + N, ...; streams: the batches of shard w), so delivery order never depends on timing.
+#include "ember/data/dataloader.h"
+
+#include <algorithm>
+#include <condition_variable>
+#include <deque>
+#include <exception>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <utility>
+
+#include "ember/base/error.h"
+#include "ember/data/collate.h"
+#include "ember/data/device_copy.h"
+#include "ember/data/random.h"
+#include "ember/memory/cuda_device.h"
+
+namespace ember::data {
+
+namespace {
+
+// Rethrows `error` as the same ember error type with `context` in front of its message (other exception types are
+// rethrown unchanged, since their type cannot be rebuilt).
+template <class E, class... Rest>
+[[noreturn]] void rethrow_as(const std::exception_ptr& error, const std::string& context) {
+  try {
+    std::rethrow_exception(error);
+  } catch (const OutOfMemoryError& e) {
+    throw OutOfMemoryError(context + e.what(), e.requested(), e.capacity(), e.allocated(), e.reserved());
+  } catch (const E& e) {
+    throw E(context + e.what());
+  } catch (...) {
+    if constexpr (sizeof...(Rest) > 0) {
+      rethrow_as<Rest...>(error, context);
+    } else {
+      try {
+        std::rethrow_exception(error);
+      } catch (const Error& e) {
+        throw Error(context + e.what());
+      }
+    }
+  }
+}
+
+[[noreturn]] void rethrow_with_context(const std::exception_ptr& error, const std::string& context) {
+  rethrow_as<ShapeError, DTypeError, DeviceError, FormatError, ConfigError, IndexError, ValueError, BackendError>(
+      error, context);
+}
+
+struct Slot {
+  Batch batch;                // host batch (collated, pinned when the loader pins)
+  std::exception_ptr error;   // set instead of the batch when producing it failed
+  std::string context;        // "DataLoader worker w, batch k: "
+};
+
+struct WorkerQueue {
+  std::deque<Slot> ready;
+  bool done = false;  // the worker produced everything it will produce
+};
+
+struct InFlight {
+  Batch batch;
+  std::shared_ptr<DeviceCopier::Ticket> ticket;
+};
+
+}  // namespace
+
+struct DataLoader::Epoch {
+  // Fixed for the epoch.
+  const Dataset* dataset = nullptr;
+  const IterableDataset* stream = nullptr;
+  DataLoaderOptions options;
+  int64_t epoch = 0;
+  bool pinned = false;
+  std::vector<std::vector<int64_t>> plan;  // map-style: the indices of each batch
+
+  // Shared with the workers (guarded by mutex).
+  std::mutex mutex;
+  std::condition_variable ready_cv;  // a slot was pushed or a worker finished
+  std::condition_variable space_cv;  // a slot was taken, or stop
+  bool stop = false;
+  std::vector<WorkerQueue> queues;
+  std::vector<std::thread> threads;
+
+  // The consumer's side.
+  int64_t next_batch = 0;                      // map-style: the next batch index to deliver
+  int64_t delivered = 0;                       // batches delivered so far (the next Batch::index)
+  int64_t turn = 0;                            // streams with workers: the worker to take from next
+  std::vector<bool> exhausted;                 // streams with workers: finished and drained
+  std::unique_ptr<ExampleStream> inline_stream;  // streams without workers
+  bool host_done = false;                      // no more host batches
+  std::exception_ptr pending_error;            // a worker's error, raised once the batches before it are delivered
+  std::string pending_context;
+  std::unique_ptr<DeviceCopier> copier;        // CUDA delivery
+  std::deque<InFlight> in_flight;
+
+  ~Epoch() { shut_down(); }
+
+  void shut_down() {
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      stop = true;
+    }
+    space_cv.notify_all();
+    ready_cv.notify_all();
+    for (std::thread& t : threads)
+      if (t.joinable()) t.join();
+    threads.clear();
+  }
+
+  int64_t num_workers() const { return options.num_workers; }
+
+  // --- producing ------------------------------------------------------------------------------------------------
+
+  Batch load_batch(int64_t k) const {
+    std::vector<Example> examples;
+    examples.reserve(plan[static_cast<size_t>(k)].size());
+    for (int64_t index : plan[static_cast<size_t>(k)]) {
+      Generator rng(sample_seed(options.seed, epoch, index));
+      examples.push_back(dataset->get(index, rng));
+    }
+    Example stacked = collate(examples, pinned);
+    Batch batch;
+    batch.data = std::move(stacked.data);
+    batch.target = std::move(stacked.target);
+    batch.indices = plan[static_cast<size_t>(k)];
+    return batch;
+  }
+
+  // The next batch of a stream (nullopt when it has no more, or only a partial batch under drop_last).
+  std::optional<Batch> read_batch(ExampleStream& s) const {
+    std::vector<Example> examples;
+    examples.reserve(static_cast<size_t>(options.batch_size));
+    while (static_cast<int64_t>(examples.size()) < options.batch_size) {
+      std::optional<Example> ex = s.next();
+      if (!ex) break;
+      examples.push_back(std::move(*ex));
+    }
+    if (examples.empty()) return std::nullopt;
+    if (options.drop_last && static_cast<int64_t>(examples.size()) < options.batch_size) return std::nullopt;
+    Example stacked = collate(examples, pinned);
+    Batch batch;
+    batch.data = std::move(stacked.data);
+    batch.target = std::move(stacked.target);
+    return batch;
+  }
+
+  // Waits for room in worker w's queue; false when the epoch is stopping.
+  bool wait_for_space(int64_t w) {
+    std::unique_lock<std::mutex> lock(mutex);
+    space_cv.wait(lock, [&] {
+      return stop || static_cast<int64_t>(queues[static_cast<size_t>(w)].ready.size()) < options.prefetch_factor;
+    });
+    return !stop;
+  }
+
+  // Pushes a slot; false when the worker should stop (epoch stopping, or the slot carries an error).
+  bool push(int64_t w, Slot slot) {
+    const bool failed = slot.error != nullptr;
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      if (stop) return false;
+      queues[static_cast<size_t>(w)].ready.push_back(std::move(slot));
+    }
+    ready_cv.notify_all();
+    return !failed;
+  }
+
+  void finish_worker(int64_t w) {
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      queues[static_cast<size_t>(w)].done = true;
+    }
+    ready_cv.notify_all();
+  }
+
+  void map_worker(int64_t w) {
+    const int64_t n = static_cast<int64_t>(plan.size());
+    for (int64_t k = w; k < n; k += num_workers()) {
+      if (!wait_for_space(w)) break;
+      Slot slot;
+      try {
+        slot.batch = load_batch(k);
+      } catch (...) {
+        slot.error = std::current_exception();
+        slot.context = "DataLoader worker " + std::to_string(w) + ", batch " + std::to_string(k) + ": ";
+      }
+      if (!push(w, std::move(slot))) break;
+    }
+    finish_worker(w);
+  }
+
+  void stream_worker(int64_t w) {
+    try {
+      std::unique_ptr<ExampleStream> s = stream->open(w, num_workers(), options.seed, epoch);
+      for (int64_t j = 0;; ++j) {
+        if (!wait_for_space(w)) break;
+        Slot slot;
+        try {
+          std::optional<Batch> b = read_batch(*s);
+          if (!b) break;
+          slot.batch = std::move(*b);
+        } catch (...) {
+          slot.error = std::current_exception();
+          slot.context = "DataLoader worker " + std::to_string(w) + ", its batch " + std::to_string(j) + ": ";
+        }
+        if (!push(w, std::move(slot))) break;
+      }
+    } catch (...) {  // open() failed
+      Slot slot;
+      slot.error = std::current_exception();
+      slot.context = "DataLoader worker " + std::to_string(w) + ", opening its shard: ";
+      push(w, std::move(slot));
+    }
+    finish_worker(w);
+  }
+
+  void start_workers() {
+    queues.resize(static_cast<size_t>(num_workers()));
+    exhausted.assign(static_cast<size_t>(num_workers()), false);
+    threads.reserve(static_cast<size_t>(num_workers()));
+    for (int64_t w = 0; w < num_workers(); ++w) {
+      if (dataset != nullptr)
+        threads.emplace_back([this, w] { map_worker(w); });
+      else
+        threads.emplace_back([this, w] { stream_worker(w); });
+    }
+  }
+
+  // --- consuming ------------------------------------------------------------------------------------------------
+
+  // Takes the front slot of worker w's queue (the caller holds the lock and saw it non-empty).
+  Slot take(std::unique_lock<std::mutex>& lock, int64_t w) {
+    Slot slot = std::move(queues[static_cast<size_t>(w)].ready.front());
+    queues[static_cast<size_t>(w)].ready.pop_front();
+    lock.unlock();
+    space_cv.notify_all();
+    return slot;
+  }
+
+  // The next host batch, or nullopt at the end; a worker's error is thrown (with its context) instead.
+  std::optional<Batch> next_host() {
+    if (host_done) return std::nullopt;
+    std::optional<Batch> out;
+    if (num_workers() == 0) {
+      if (dataset != nullptr) {
+        if (next_batch < static_cast<int64_t>(plan.size())) {
+          const int64_t k = next_batch++;
+          try {
+            out = load_batch(k);
+          } catch (...) {
+            host_done = true;
+            rethrow_with_context(std::current_exception(), "DataLoader batch " + std::to_string(k) + ": ");
+          }
+        }
+      } else {
+        if (!inline_stream) inline_stream = stream->open(0, 1, options.seed, epoch);
+        out = read_batch(*inline_stream);
+      }
+    } else if (dataset != nullptr) {
+      if (next_batch < static_cast<int64_t>(plan.size())) {
+        const int64_t w = next_batch % num_workers();
+        std::unique_lock<std::mutex> lock(mutex);
+        ready_cv.wait(lock, [&] {
+          const WorkerQueue& q = queues[static_cast<size_t>(w)];
+          return !q.ready.empty() || q.done;
+        });
+        EMBER_CHECK(!queues[static_cast<size_t>(w)].ready.empty(), Error, "DataLoader: worker ", w,
+                    " finished before producing batch ", next_batch);
+        Slot slot = take(lock, w);
+        ++next_batch;
+        if (slot.error) {
+          host_done = true;
+          rethrow_with_context(slot.error, slot.context);
+        }
+        out = std::move(slot.batch);
+      }
+    } else {
+      std::unique_lock<std::mutex> lock(mutex);
+      for (int64_t tried = 0; tried < num_workers(); ++tried) {
+        const int64_t w = turn % num_workers();
+        if (!exhausted[static_cast<size_t>(w)]) {
+          ready_cv.wait(lock, [&] {
+            const WorkerQueue& q = queues[static_cast<size_t>(w)];
+            return !q.ready.empty() || q.done;
+          });
+          if (!queues[static_cast<size_t>(w)].ready.empty()) {
+            Slot slot = take(lock, w);
+            turn = w + 1;
+            if (slot.error) {
+              host_done = true;
+              rethrow_with_context(slot.error, slot.context);
+            }
+            out = std::move(slot.batch);
+            break;
+          }
+          exhausted[static_cast<size_t>(w)] = true;
+        }
+        turn = w + 1;
+      }
+    }
+    if (!out) {
+      host_done = true;
+      return std::nullopt;
+    }
+    out->index = delivered++;
+    return out;
+  }
+
+  std::optional<Batch> next() {
+    if (!copier) return next_host();
+    // CUDA: keep device_prefetch batches queued behind the one handed out (Note [Copy stream] in device_copy.h).
+    while (!pending_error && static_cast<int64_t>(in_flight.size()) < options.device_prefetch + 1) {
+      std::optional<Batch> host;
+      try {
+        host = next_host();
+      } catch (...) {
+        pending_error = std::current_exception();  // delivered after the batches already in flight
+        break;
+      }
+      if (!host) break;
+      InFlight f;
+      f.batch = std::move(*host);
+      f.ticket = copier->start({&f.batch.data, &f.batch.target});
+      in_flight.push_back(std::move(f));
+    }
+    if (in_flight.empty()) {
+      if (pending_error) std::rethrow_exception(std::exchange(pending_error, nullptr));
+      return std::nullopt;
+    }
+    InFlight f = std::move(in_flight.front());
+    in_flight.pop_front();
+    copier->hand_over(f.ticket);
+    return std::move(f.batch);
+  }
+};
+
+// --- DataLoader ---------------------------------------------------------------------------------------------------
+
+DataLoader::DataLoader(std::shared_ptr<const Dataset> dataset, DataLoaderOptions options)
+    : dataset_(std::move(dataset)), options_(std::move(options)) {
+  EMBER_CHECK(dataset_ != nullptr, ValueError, "DataLoader: the dataset is null");
+  validate();
+  sampler_ = options_.sampler;
+  if (!sampler_) {
+    if (options_.shuffle)
+      sampler_ = std::make_shared<RandomSampler>(options_.seed);
+    else
+      sampler_ = std::make_shared<SequentialSampler>();
+  }
+}
+
+DataLoader::DataLoader(std::shared_ptr<const IterableDataset> dataset, DataLoaderOptions options)
+    : stream_(std::move(dataset)), options_(std::move(options)) {
+  EMBER_CHECK(stream_ != nullptr, ValueError, "DataLoader: the dataset is null");
+  validate();
+  EMBER_CHECK(!options_.shuffle && !options_.sampler, ValueError,
+              "DataLoader: a streaming dataset takes no sampler and no shuffle flag (it orders its own examples)");
+}
+
+DataLoader::~DataLoader() { stop_epoch(); }
+
+void DataLoader::validate() {
+  const DataLoaderOptions& o = options_;
+  EMBER_CHECK(o.batch_size >= 1, ValueError, "DataLoader: batch_size must be >= 1, got ", o.batch_size);
+  EMBER_CHECK(o.num_workers >= 0, ValueError, "DataLoader: num_workers must be >= 0, got ", o.num_workers);
+  EMBER_CHECK(o.prefetch_factor >= 1, ValueError, "DataLoader: prefetch_factor must be >= 1, got ",
+              o.prefetch_factor);
+  EMBER_CHECK(o.device_prefetch >= 0, ValueError, "DataLoader: device_prefetch must be >= 0, got ",
+              o.device_prefetch);
+  EMBER_CHECK(o.device.is_cpu() || o.device.is_cuda(), DeviceError, "DataLoader: cannot deliver batches to ",
+              o.device.str());
+  if (o.device.is_cuda()) {
+    const int n = memory::cuda::device_count();
+    EMBER_CHECK(o.device.index >= 0 && o.device.index < n, DeviceError, "DataLoader: ", o.device.str(),
+                " is not available (", n, " CUDA device(s) visible)");
+  }
+}
+
+int64_t DataLoader::num_samples() const {
+  if (!dataset_) return -1;
+  return static_cast<int64_t>(sampler_->indices(dataset_->size(), 0).size());
+}
+
+int64_t DataLoader::num_batches() const {
+  const int64_t n = num_samples();
+  if (n < 0) return -1;
+  return options_.drop_last ? n / options_.batch_size : (n + options_.batch_size - 1) / options_.batch_size;
+}
+
+void DataLoader::stop_epoch() { epoch_.reset(); }
+
+void DataLoader::start_epoch() {
+  stop_epoch();
+  auto e = std::make_unique<Epoch>();
+  e->dataset = dataset_.get();
+  e->stream = stream_.get();
+  e->options = options_;
+  e->epoch = next_epoch_;
+  e->pinned = options_.pin_memory || options_.device.is_cuda();
+  if (dataset_) {
+    const std::vector<int64_t> order = sampler_->indices(dataset_->size(), e->epoch);
+    const int64_t n = static_cast<int64_t>(order.size()), b = options_.batch_size;
+    const int64_t batches = options_.drop_last ? n / b : (n + b - 1) / b;
+    for (int64_t k = 0; k < batches; ++k) {
+      const int64_t lo = k * b, hi = std::min(n, lo + b);
+      e->plan.emplace_back(order.begin() + lo, order.begin() + hi);
+    }
+  }
+  if (options_.device.is_cuda()) e->copier = std::make_unique<DeviceCopier>(options_.device);
+  current_epoch_ = next_epoch_;
+  next_epoch_ = current_epoch_ + 1;
+  e->start_workers();
+  epoch_ = std::move(e);
+}
+
+std::optional<Batch> DataLoader::next() {
+  if (!epoch_) start_epoch();
+  return epoch_->next();
+}
+
+DataLoader::Iterator::Iterator(DataLoader* loader) : loader_(loader) { current_ = loader_->next(); }
+
+DataLoader::Iterator& DataLoader::Iterator::operator++() {
+  current_ = loader_->next();
+  return *this;
+}
+
+DataLoader::Iterator DataLoader::begin() {
+  start_epoch();
+  return Iterator(this);
+}
+
+}  // namespace ember::data
