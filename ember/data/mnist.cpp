@@ -2,8 +2,6 @@
 // normalisation. Invariant: a parsed file had exactly the bytes its header announces — no fewer, no more.
 #include "ember/data/mnist.h"
 
-#include <sys/stat.h>
-
 #include <algorithm>
 #include <array>
 #include <cerrno>
@@ -13,6 +11,7 @@
 #include <functional>
 #include <limits>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #if defined(EMBER_WITH_ZLIB)
@@ -21,19 +20,14 @@
 
 #include "ember/base/error.h"
 #include "ember/core/philox.h"
+#include "ember/data/file_io.h"
 
 namespace ember::data {
 
 namespace {
 
-bool ends_with(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
-}
-
-bool is_file(const std::string& path) {
-  struct stat st{};
-  return ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode);
-}
+using io::ends_with;
+using io::is_file;
 
 // A sequential byte stream over a raw or gzipped file. read() returns the bytes it got: fewer than asked means the
 // stream ended; a read error or corrupt compressed data raises FormatError / ValueError naming the file.
@@ -153,10 +147,9 @@ Tensor read_idx_u8(const std::string& path, uint32_t magic, const char* kind) {
   // cannot make the reader allocate gigabytes for a few bytes of file. (A gzip stream's length is known only by
   // reading it; there the 1 TiB bound above and the allocator's typed OutOfMemoryError apply.)
   if (!ends_with(path, ".gz")) {
-    struct stat st{};
-    if (::stat(path.c_str(), &st) == 0) {
+    if (const std::optional<int64_t> file_bytes = io::file_size(path)) {
       const uint64_t expected = 4 + dims_bytes + payload;
-      const uint64_t size = static_cast<uint64_t>(st.st_size);
+      const uint64_t size = static_cast<uint64_t>(*file_bytes);
       EMBER_CHECK(size >= expected, FormatError, "'", path, "': truncated: the header announces ", shape_str(dims),
                   " (", expected, " bytes with the header) but the file has ", size, " bytes");
       EMBER_CHECK(size == expected, FormatError, "'", path, "': ", size - expected, " trailing bytes after the ",
