@@ -3,10 +3,11 @@
 // 100-step warmup and a per-step cosine decay to 0 (≥ 99% test accuracy in 2 epochs, bench/RESULTS.md);
 // --optimizer adadelta is that example's own recipe (Adadelta lr 1.0, StepLR gamma 0.7 per epoch: ~98.7%).
 // Data: --data DIR (the IDX files, raw or .gz); by default ../shared/data/mnist when it exists, else generated
-// digit images (so the example always runs).
+// digit images (so the example always runs). The images stay u8 on the host; a DataLoader with --workers threads
+// normalises and batches them (pinned and copied ahead on a copy stream when training on CUDA).
 // --amp fp16|bf16 trains with f16/bf16 weights, fp32 master weights and autocast (loss-scaled for fp16);
 // --amp autocast-fp16|autocast-bf16 keeps fp32 weights under autocast (train/amp.h).
-//   mnist_cnn [--data DIR] [--epochs 2] [--batch-size 64] [--optimizer adadelta|adamw] [--lr X]
+//   mnist_cnn [--data DIR] [--epochs 2] [--batch-size 64] [--optimizer adadelta|adamw] [--lr X] [--workers 1]
 //             [--amp none|fp16|bf16|autocast-fp16|autocast-bf16] [--device cpu|cuda] [--max-batches N] [--max-test N]
 #include <CLI/CLI.hpp>
 #include <algorithm>
@@ -15,10 +16,11 @@
 #include <filesystem>
 #include <limits>
 #include <memory>
-#include <numeric>
-#include <random>
 
+#include "ember/data/dataloader.h"
+#include "ember/data/image_dataset.h"
 #include "ember/data/mnist.h"
+#include "ember/data/transforms.h"
 #include "ember/ember.h"
 #include "ember/nn/functional.h"
 #include "ember/nn/models.h"
@@ -32,37 +34,29 @@ namespace F = ember::nn::functional;
 
 namespace {
 
-struct Split {
-  Tensor images;  // f32 [N, 784], normalised
-  Tensor labels;  // i64 [N]
-};
-
-Split prepare(const data::MnistData& d, Device device) {
-  const Tensor x = data::normalize_mnist(d.images);
-  return {x.reshape({x.size(0), 28 * 28}).to(device), d.labels.to(device)};
+// The MNIST images as samples f32 [1, 28, 28] normalised with the training set's statistics, labels i64.
+std::shared_ptr<const data::Dataset> mnist_samples(const data::MnistData& raw) {
+  auto images = std::make_shared<data::ImageDataset>(data::ImageDataset::from(raw));
+  return std::make_shared<data::TransformDataset>(
+      images, data::Compose({data::ToTensor(), data::Normalize({data::kMnistMean}, {data::kMnistStd})}));
 }
 
-// Rows `idx` of the split as a batch: embedding() gathers rows of a matrix by index.
-std::pair<Tensor, Tensor> batch_of(const Split& s, const std::vector<int64_t>& idx, Device device) {
-  const Tensor index = from_vector(idx, {static_cast<int64_t>(idx.size())}).to(device);
-  NoGradGuard no_grad;
-  return {embedding(s.images, index).view({-1, 1, 28, 28}), embedding(s.labels.unsqueeze(1), index).view({-1})};
-}
-
-double accuracy(nn::Module& model, const Split& test, int64_t max_test, const train::AmpTrainer& trainer) {
+double accuracy(nn::Module& model, data::DataLoader& test, int64_t max_test, const train::AmpTrainer& trainer) {
   NoGradGuard no_grad;
   AutocastGuard region = trainer.autocast();
   model.eval();
-  const int64_t n = max_test >= 0 ? std::min(max_test, test.labels.numel()) : test.labels.numel();
-  int64_t correct = 0;
-  for (int64_t start = 0; start < n; start += 256) {  // 256 images: the conv activations stay ~100 MiB
-    const int64_t len = std::min<int64_t>(256, n - start);
-    const Tensor logits = model.forward(test.images.narrow(0, start, len).view({len, 1, 28, 28}));
-    correct += static_cast<int64_t>(sum(eq(argmax(logits, 1), test.labels.narrow(0, start, len)).to(DType::f64))
-                                        .item_double());
+  int64_t correct = 0, seen = 0;
+  test.start_epoch();
+  while (std::optional<data::Batch> b = test.next()) {  // batches of 256: the conv activations stay ~100 MiB
+    if (max_test >= 0 && seen >= max_test) break;
+    const int64_t len = max_test >= 0 ? std::min(b->size(), max_test - seen) : b->size();
+    const Tensor logits = model.forward(b->data.narrow(0, 0, len));
+    correct += static_cast<int64_t>(
+        sum(eq(argmax(logits, 1), b->target.narrow(0, 0, len)).to(DType::f64)).item_double());
+    seen += len;
   }
   model.train();
-  return static_cast<double>(correct) / static_cast<double>(std::max<int64_t>(n, 1));
+  return static_cast<double>(correct) / static_cast<double>(std::max<int64_t>(seen, 1));
 }
 
 }  // namespace
@@ -73,6 +67,7 @@ int main(int argc, char** argv) {
   double lr = -1.0;  // per optimizer: AdamW 3e-3, Adadelta 1.0
   std::string optimizer = "adamw", amp = "none";
   uint64_t seed = 1;
+  int64_t workers = 1;
   const CLI::Range positive(int64_t{1}, std::numeric_limits<int64_t>::max());
   CLI::App app{"Train the pytorch/examples MNIST CNN with ember"};
   app.add_option("--data", data_dir, "directory with the MNIST IDX files (raw or .gz)");
@@ -89,6 +84,8 @@ int main(int argc, char** argv) {
   app.add_option("--max-batches", max_batches, "stop each epoch after N batches (a quick run)");
   app.add_option("--max-test", max_test, "evaluate on the first N test images only");
   app.add_option("--seed", seed);
+  app.add_option("--workers", workers, "data-loader threads (0: load in the training thread)")
+      ->check(CLI::Range(int64_t{0}, int64_t{64}));
   bool generated = false;
   app.add_flag("--generated", generated, "train on generated digits even when the real data is there");
   CLI11_PARSE(app, argc, argv);
@@ -98,28 +95,33 @@ int main(int argc, char** argv) {
     const Device device(device_name);
     const bool real = !generated && std::filesystem::exists(data_dir);
     EMBER_CHECK(real || generated || app.count("--data") == 0, ValueError, "--data ", data_dir, " does not exist");
-    Split train, test;
-    {  // the raw u8 images are dropped once normalised
-      // Generated sets are as large as MNIST's, or as the run will use (--max-batches, --max-test).
-      const int64_t gen_train = max_batches >= 0 ? std::min<int64_t>(60000, max_batches * batch_size) : 60000;
-      const int64_t gen_test = max_test >= 0 ? std::min<int64_t>(10000, max_test) : 10000;
-      const data::MnistData train_raw =
-          real ? data::load_mnist(data_dir, true) : data::synthetic_mnist(std::max<int64_t>(gen_train, 1), seed);
-      const data::MnistData test_raw =
-          real ? data::load_mnist(data_dir, false) : data::synthetic_mnist(std::max<int64_t>(gen_test, 1), seed + 1);
-      std::printf("mnist_cnn: %s data (%lld train, %lld test images) on %s\n",
-                  real ? "real MNIST" : "generated digit", static_cast<long long>(train_raw.labels.numel()),
-                  static_cast<long long>(test_raw.labels.numel()), device.str().c_str());
-      train = prepare(train_raw, device);
-      test = prepare(test_raw, device);
-    }
+    // Generated sets are as large as MNIST's, or as the run will use (--max-batches, --max-test).
+    const int64_t gen_train = max_batches >= 0 ? std::min<int64_t>(60000, max_batches * batch_size) : 60000;
+    const int64_t gen_test = max_test >= 0 ? std::min<int64_t>(10000, max_test) : 10000;
+    const data::MnistData train_raw =
+        real ? data::load_mnist(data_dir, true) : data::synthetic_mnist(std::max<int64_t>(gen_train, 1), seed);
+    const data::MnistData test_raw =
+        real ? data::load_mnist(data_dir, false) : data::synthetic_mnist(std::max<int64_t>(gen_test, 1), seed + 1);
+    std::printf("mnist_cnn: %s data (%lld train, %lld test images) on %s, %lld loader worker(s)\n",
+                real ? "real MNIST" : "generated digit", static_cast<long long>(train_raw.size()),
+                static_cast<long long>(test_raw.size()), device.str().c_str(), static_cast<long long>(workers));
+    data::DataLoaderOptions train_opts;
+    train_opts.batch_size = batch_size;
+    train_opts.shuffle = true;
+    train_opts.seed = seed;
+    train_opts.num_workers = workers;
+    train_opts.device = device;
+    data::DataLoader train_loader(mnist_samples(train_raw), train_opts);
+    data::DataLoaderOptions test_opts = train_opts;
+    test_opts.batch_size = 256;
+    test_opts.shuffle = false;
+    data::DataLoader test_loader(mnist_samples(test_raw), test_opts);
 
     manual_seed(seed);
     auto model = std::make_shared<nn::MnistNet>();
     model->to(device);
-    const int64_t n = train.labels.numel();
-    const int64_t batches_per_epoch = max_batches >= 0 ? std::min(max_batches, (n + batch_size - 1) / batch_size)
-                                                       : (n + batch_size - 1) / batch_size;
+    const int64_t batches_per_epoch =
+        max_batches >= 0 ? std::min(max_batches, train_loader.num_batches()) : train_loader.num_batches();
     std::unique_ptr<optim::LRScheduler> epoch_sched, step_sched;
     optim::OptimizerFactory make_optimizer;
     if (optimizer == "adadelta") {  // pytorch/examples: Adadelta(lr=1.0), StepLR(step_size=1, gamma=0.7)
@@ -145,19 +147,16 @@ int main(int argc, char** argv) {
                 memory::format_bytes(model->parameter_bytes()).c_str());
 
     memory::Allocator& alloc = allocator_for(device);
-    std::mt19937_64 shuffle_rng(seed);
-    std::vector<int64_t> order(static_cast<size_t>(n));
     const auto t_start = std::chrono::steady_clock::now();
     for (int64_t epoch = 1; epoch <= epochs; ++epoch) {
-      std::iota(order.begin(), order.end(), 0);
-      std::shuffle(order.begin(), order.end(), shuffle_rng);
       const auto t0 = std::chrono::steady_clock::now();
       double loss_sum = 0;
       int64_t batches = 0;
-      for (int64_t start = 0; start < n; start += batch_size) {
+      train_loader.start_epoch();
+      while (std::optional<data::Batch> batch = train_loader.next()) {
         if (max_batches >= 0 && batches >= max_batches) break;
-        const std::vector<int64_t> idx(order.begin() + start, order.begin() + std::min(n, start + batch_size));
-        const auto [x, y] = batch_of(train, idx, device);
+        const Tensor& x = batch->data;
+        const Tensor& y = batch->target;
         Tensor loss;
         {
           AutocastGuard region = trainer.autocast();
@@ -175,7 +174,7 @@ int main(int argc, char** argv) {
       }
       if (epoch_sched) epoch_sched->step();
       const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      const double acc = accuracy(*model, test, max_test, trainer);
+      const double acc = accuracy(*model, test_loader, max_test, trainer);
       std::printf("epoch %lld: train loss %.4f, test accuracy %.2f%%, %.1f s (%.1f ms/batch)\n",
                   static_cast<long long>(epoch), loss_sum / static_cast<double>(std::max<int64_t>(batches, 1)),
                   100.0 * acc, secs, 1000.0 * secs / static_cast<double>(std::max<int64_t>(batches, 1)));

@@ -110,7 +110,14 @@ Tensor pad_constant(const Tensor& x, int64_t left, int64_t top, int64_t right, i
   const Tensor fill_value = full({}, Scalar(fill), TensorOptions(x.dtype()));
   const int64_t isz = x.itemsize();
   char* dst = bytes_of_mut(out);
-  for (int64_t i = 0; i < out.numel(); ++i) std::memcpy(dst + i * isz, bytes_of(fill_value), static_cast<size_t>(isz));
+  const int64_t n = out.numel();
+  if (isz == 1) {
+    std::memset(dst, *bytes_of(fill_value), static_cast<size_t>(n));
+  } else {  // the first element, then doubling copies of what is already filled
+    std::memcpy(dst, bytes_of(fill_value), static_cast<size_t>(isz));
+    for (int64_t done = 1; done < n; done *= 2)
+      std::memcpy(dst + done * isz, dst, static_cast<size_t>(std::min(done, n - done) * isz));
+  }
   if (x.numel() == 0) return out;
   const Tensor src = x.contiguous();
   const char* s = bytes_of(src);
@@ -172,9 +179,23 @@ Tensor hflip(const Tensor& x) {
   const int64_t isz = x.itemsize();
   const char* s = bytes_of(src);
   char* dst = bytes_of_mut(out);
-  for (int64_t r = 0; r < g.planes * g.h; ++r)
-    for (int64_t c = 0; c < g.w; ++c)
-      std::memcpy(dst + (r * g.w + c) * isz, s + (r * g.w + g.w - 1 - c) * isz, static_cast<size_t>(isz));
+  auto flip_rows = [&](auto element) {  // element: an integer type of the itemsize
+    using E = decltype(element);
+    const E* in = reinterpret_cast<const E*>(s);
+    E* o = reinterpret_cast<E*>(dst);
+    for (int64_t r = 0; r < g.planes * g.h; ++r)
+      for (int64_t c = 0; c < g.w; ++c) o[r * g.w + c] = in[r * g.w + g.w - 1 - c];
+  };
+  switch (isz) {
+    case 1: flip_rows(uint8_t{}); break;
+    case 2: flip_rows(uint16_t{}); break;
+    case 4: flip_rows(uint32_t{}); break;
+    case 8: flip_rows(uint64_t{}); break;
+    default:
+      for (int64_t r = 0; r < g.planes * g.h; ++r)
+        for (int64_t c = 0; c < g.w; ++c)
+          std::memcpy(dst + (r * g.w + c) * isz, s + (r * g.w + g.w - 1 - c) * isz, static_cast<size_t>(isz));
+  }
   return out;
 }
 
