@@ -35,4 +35,13 @@ void add_estimate_command(CLI::App& app);
 // [--device cpu|cuda] [--json]`
 void add_plan_command(CLI::App& app);
 
+// `ember mem summary|replay|compare|html TRACE ...` (docs/cli.md)
+void add_mem_command(CLI::App& app);
+
+// `ember train --model mnist-cnn|char-gpt|mlp|cnn|gpt ...` (docs/cli.md)
+void add_train_command(CLI::App& app);
+
+// `ember info [--json]`: devices, memory free/total, build options
+void add_info_command(CLI::App& app);
+
 }  // namespace ember::tools

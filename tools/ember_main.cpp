@@ -11,6 +11,9 @@ int main(int argc, char** argv) {
   ember::tools::add_bench_command(app);
   ember::tools::add_estimate_command(app);
   ember::tools::add_plan_command(app);
+  ember::tools::add_mem_command(app);
+  ember::tools::add_train_command(app);
+  ember::tools::add_info_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

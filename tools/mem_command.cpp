@@ -1,0 +1,8 @@
+// `ember mem`: placeholder registration until the command lands.
+#include "tools/commands.h"
+
+namespace ember::tools {
+
+void add_mem_command(CLI::App& app) { (void)app; }
+
+}  // namespace ember::tools
