@@ -5,6 +5,7 @@
 #include "ember/data/dataloader.h"
 
 #include <algorithm>
+#include <atomic>
 #include <condition_variable>
 #include <deque>
 #include <exception>
@@ -13,6 +14,8 @@
 #include <thread>
 #include <utility>
 
+#include "ember/autograd/anomaly.h"
+#include "ember/autograd/checkpoint.h"
 #include "ember/base/error.h"
 #include "ember/data/collate.h"
 #include "ember/data/device_copy.h"
@@ -47,8 +50,13 @@ template <class E, class... Rest>
 }
 
 [[noreturn]] void rethrow_with_context(const std::exception_ptr& error, const std::string& context) {
-  rethrow_as<ShapeError, DTypeError, DeviceError, FormatError, ConfigError, IndexError, ValueError, BackendError>(
-      error, context);
+  rethrow_as<ShapeError, DTypeError, DeviceError, FormatError, ConfigError, IndexError, ValueError, BackendError,
+             CheckpointError, autograd::AnomalyError>(error, context);
+}
+
+// Batches in an epoch of n samples (no overflow for any batch size).
+int64_t batch_count(int64_t n, int64_t batch_size, bool drop_last) {
+  return n / batch_size + (!drop_last && n % batch_size != 0 ? 1 : 0);
 }
 
 struct Slot {
@@ -83,6 +91,7 @@ struct DataLoader::Epoch {
   std::condition_variable ready_cv;  // a slot was pushed or a worker finished
   std::condition_variable space_cv;  // a slot was taken, or stop
   bool stop = false;
+  std::atomic<bool> stopping{false};  // `stop`, readable without the lock between samples
   std::vector<WorkerQueue> queues;
   std::vector<std::thread> threads;
 
@@ -95,7 +104,7 @@ struct DataLoader::Epoch {
   bool host_done = false;                      // no more host batches
   std::exception_ptr pending_error;            // a worker's error, raised once the batches before it are delivered
   std::string pending_context;
-  std::unique_ptr<DeviceCopier> copier;        // CUDA delivery
+  DeviceCopier* copier = nullptr;              // CUDA delivery (the loader's, outlives the epoch)
   std::deque<InFlight> in_flight;
 
   ~Epoch() { shut_down(); }
@@ -104,6 +113,7 @@ struct DataLoader::Epoch {
     {
       std::lock_guard<std::mutex> lock(mutex);
       stop = true;
+      stopping.store(true, std::memory_order_relaxed);
     }
     space_cv.notify_all();
     ready_cv.notify_all();
@@ -116,10 +126,13 @@ struct DataLoader::Epoch {
 
   // --- producing ------------------------------------------------------------------------------------------------
 
-  Batch load_batch(int64_t k) const {
+  // Batch k of the plan; nullopt when the epoch is stopping (checked before each sample, so shutdown waits for
+  // at most the sample being loaded).
+  std::optional<Batch> load_batch(int64_t k) const {
     std::vector<Example> examples;
     examples.reserve(plan[static_cast<size_t>(k)].size());
     for (int64_t index : plan[static_cast<size_t>(k)]) {
+      if (stopping.load(std::memory_order_relaxed)) return std::nullopt;
       Generator rng(sample_seed(options.seed, epoch, index));
       examples.push_back(dataset->get(index, rng));
     }
@@ -134,8 +147,9 @@ struct DataLoader::Epoch {
   // The next batch of a stream (nullopt when it has no more, or only a partial batch under drop_last).
   std::optional<Batch> read_batch(ExampleStream& s) const {
     std::vector<Example> examples;
-    examples.reserve(static_cast<size_t>(options.batch_size));
+    examples.reserve(static_cast<size_t>(std::min<int64_t>(options.batch_size, 4096)));
     while (static_cast<int64_t>(examples.size()) < options.batch_size) {
+      if (stopping.load(std::memory_order_relaxed)) return std::nullopt;
       std::optional<Example> ex = s.next();
       if (!ex) break;
       examples.push_back(std::move(*ex));
@@ -184,7 +198,9 @@ struct DataLoader::Epoch {
       if (!wait_for_space(w)) break;
       Slot slot;
       try {
-        slot.batch = load_batch(k);
+        std::optional<Batch> b = load_batch(k);
+        if (!b) break;  // stopping
+        slot.batch = std::move(*b);
       } catch (...) {
         slot.error = std::current_exception();
         slot.context = "DataLoader worker " + std::to_string(w) + ", batch " + std::to_string(k) + ": ";
@@ -251,15 +267,21 @@ struct DataLoader::Epoch {
         if (next_batch < static_cast<int64_t>(plan.size())) {
           const int64_t k = next_batch++;
           try {
-            out = load_batch(k);
+            out = load_batch(k);  // never stopping here: only the consumer's thread stops an inline epoch
           } catch (...) {
             host_done = true;
             rethrow_with_context(std::current_exception(), "DataLoader batch " + std::to_string(k) + ": ");
           }
         }
       } else {
-        if (!inline_stream) inline_stream = stream->open(0, 1, options.seed, epoch);
-        out = read_batch(*inline_stream);
+        try {
+          if (!inline_stream) inline_stream = stream->open(0, 1, options.seed, epoch);
+          out = read_batch(*inline_stream);
+        } catch (...) {
+          host_done = true;
+          rethrow_with_context(std::current_exception(),
+                               "DataLoader batch " + std::to_string(delivered) + " of the stream: ");
+        }
       }
     } else if (dataset != nullptr) {
       if (next_batch < static_cast<int64_t>(plan.size())) {
@@ -325,7 +347,13 @@ struct DataLoader::Epoch {
       if (!host) break;
       InFlight f;
       f.batch = std::move(*host);
-      f.ticket = copier->start({&f.batch.data, &f.batch.target});
+      try {
+        f.ticket = copier->start({&f.batch.data, &f.batch.target});
+      } catch (...) {  // e.g. the device is out of memory: the epoch ends after the batches already in flight
+        host_done = true;
+        pending_error = std::current_exception();
+        break;
+      }
       in_flight.push_back(std::move(f));
     }
     if (in_flight.empty()) {
@@ -345,6 +373,8 @@ DataLoader::DataLoader(std::shared_ptr<const Dataset> dataset, DataLoaderOptions
     : dataset_(std::move(dataset)), options_(std::move(options)) {
   EMBER_CHECK(dataset_ != nullptr, ValueError, "DataLoader: the dataset is null");
   validate();
+  EMBER_CHECK(!(options_.shuffle && options_.sampler), ValueError,
+              "DataLoader: shuffle and sampler are mutually exclusive (a sampler decides the order)");
   sampler_ = options_.sampler;
   if (!sampler_) {
     if (options_.shuffle)
@@ -389,7 +419,7 @@ int64_t DataLoader::num_samples() const {
 int64_t DataLoader::num_batches() const {
   const int64_t n = num_samples();
   if (n < 0) return -1;
-  return options_.drop_last ? n / options_.batch_size : (n + options_.batch_size - 1) / options_.batch_size;
+  return batch_count(n, options_.batch_size, options_.drop_last);
 }
 
 void DataLoader::stop_epoch() { epoch_.reset(); }
@@ -405,13 +435,16 @@ void DataLoader::start_epoch() {
   if (dataset_) {
     const std::vector<int64_t> order = sampler_->indices(dataset_->size(), e->epoch);
     const int64_t n = static_cast<int64_t>(order.size()), b = options_.batch_size;
-    const int64_t batches = options_.drop_last ? n / b : (n + b - 1) / b;
+    const int64_t batches = batch_count(n, b, options_.drop_last);
     for (int64_t k = 0; k < batches; ++k) {
       const int64_t lo = k * b, hi = std::min(n, lo + b);
       e->plan.emplace_back(order.begin() + lo, order.begin() + hi);
     }
   }
-  if (options_.device.is_cuda()) e->copier = std::make_unique<DeviceCopier>(options_.device);
+  if (options_.device.is_cuda()) {
+    if (!copier_) copier_ = std::make_unique<DeviceCopier>(options_.device);  // one copy stream per loader
+    e->copier = copier_.get();
+  }
   current_epoch_ = next_epoch_;
   next_epoch_ = current_epoch_ + 1;
   e->start_workers();

@@ -1,8 +1,9 @@
 // DataLoader: batches from a Dataset (through a sampler) or an IterableDataset, loaded by worker threads into a
 // bounded prefetch queue, collated into (pinned) host memory and, for a CUDA device, copied ahead on a stream of
-// its own. Invariant: batches come out in the same order whatever the number of workers (map-style: the sampler's
-// order; streaming: worker 0's first batch, worker 1's first, ...), each sample's random transforms depend only on
-// (seed, epoch, index), and at most num_workers * prefetch_factor batches wait in host memory.
+// its own. Invariant: delivery order never depends on timing — map-style batches come in the sampler's order
+// whatever the number of workers; streams give worker 0's first batch, worker 1's first, ... (an order that depends
+// on the worker count, since the shards do); each sample's random transforms depend only on (seed, epoch, index);
+// and at most num_workers * prefetch_factor batches wait in host memory.
 #pragma once
 
 #include <cstdint>
@@ -18,6 +19,8 @@
 
 namespace ember::data {
 
+class DeviceCopier;
+
 struct Batch {
   Tensor data;                   // [B, *data shape] on the loader's device
   Tensor target;                 // [B, *target shape] (0-d targets give [B])
@@ -28,7 +31,7 @@ struct Batch {
 
 struct DataLoaderOptions {
   int64_t batch_size = 1;
-  bool shuffle = false;      // a RandomSampler(seed) instead of the SequentialSampler (map-style; ignored with sampler)
+  bool shuffle = false;      // a RandomSampler(seed) instead of the SequentialSampler (map-style; not with sampler)
   bool drop_last = false;    // drop an epoch's last, incomplete batch
   uint64_t seed = 0;         // keys the shuffle, the per-sample transform generators and streaming datasets
   std::shared_ptr<const Sampler> sampler;  // the index order (e.g. DistributedSampler); map-style only
@@ -43,11 +46,12 @@ struct DataLoaderOptions {
 
 class DataLoader {
  public:
-  // ValueError for a null dataset, batch_size < 1, num_workers < 0, prefetch_factor < 1, device_prefetch < 0, or a
-  // sampler/shuffle with a streaming dataset; DeviceError for an unavailable device.
+  // ValueError for a null dataset, batch_size < 1, num_workers < 0, prefetch_factor < 1, device_prefetch < 0, both
+  // shuffle and a sampler, or a sampler/shuffle with a streaming dataset; DeviceError for an unavailable device.
   DataLoader(std::shared_ptr<const Dataset> dataset, DataLoaderOptions options);
   DataLoader(std::shared_ptr<const IterableDataset> dataset, DataLoaderOptions options);
-  // Stops the epoch in progress: wakes and joins the workers (a worker inside Dataset::get finishes that sample).
+  // Stops the epoch in progress: wakes and joins the workers (a worker inside Dataset::get finishes that sample and
+  // loads no other).
   ~DataLoader();
   DataLoader(const DataLoader&) = delete;
   DataLoader& operator=(const DataLoader&) = delete;
@@ -104,6 +108,7 @@ class DataLoader {
   std::shared_ptr<const IterableDataset> stream_;
   DataLoaderOptions options_;
   std::shared_ptr<const Sampler> sampler_;
+  std::unique_ptr<DeviceCopier> copier_;  // CUDA: one copy stream for the loader's life (before epoch_: outlives it)
   int64_t next_epoch_ = 0;
   int64_t current_epoch_ = -1;
   std::unique_ptr<Epoch> epoch_;

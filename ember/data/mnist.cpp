@@ -145,9 +145,11 @@ Tensor read_idx_u8(const std::string& path, uint32_t magic, const char* kind) {
   const uint64_t payload = static_cast<uint64_t>(bytes);
   // A raw file must be exactly header + payload long: checked before the payload is allocated, so a forged header
   // cannot make the reader allocate gigabytes for a few bytes of file. (A gzip stream's length is known only by
-  // reading it; there the 1 TiB bound above and the allocator's typed OutOfMemoryError apply.)
+  // reading it; there the payload is read in bounded chunks before the tensor is allocated.)
+  bool sized = false;  // the payload's length was checked against the file's before reading
   if (!ends_with(path, ".gz")) {
     if (const std::optional<int64_t> file_bytes = io::file_size(path)) {
+      sized = true;
       const uint64_t expected = 4 + dims_bytes + payload;
       const uint64_t size = static_cast<uint64_t>(*file_bytes);
       EMBER_CHECK(size >= expected, FormatError, "'", path, "': truncated: the header announces ", shape_str(dims),
@@ -156,11 +158,29 @@ Tensor read_idx_u8(const std::string& path, uint32_t magic, const char* kind) {
                   payload, " bytes of data the header announces (", shape_str(dims), ")");
     }
   }
-  Tensor t = empty(dims, {DType::u8, Device::cpu()});
-  if (payload > 0) {
-    const uint64_t have = in.read(t.raw_data(), payload);
-    EMBER_CHECK(have == payload, FormatError, "'", path, "': truncated: the header announces ", shape_str(dims),
-                " (", payload, " bytes of data) but the file ends after ", have);
+  Tensor t;
+  if (sized) {
+    t = empty(dims, {DType::u8, Device::cpu()});
+    if (payload > 0) {
+      const uint64_t have = in.read(t.raw_data(), payload);
+      EMBER_CHECK(have == payload, FormatError, "'", path, "': truncated: the header announces ", shape_str(dims),
+                  " (", payload, " bytes of data) but the file ends after ", have);
+    }
+  } else {
+    // A gzip stream (or a file without a size) is read in bounded chunks first, so memory grows only with bytes
+    // that really arrive; the tensor is allocated once the whole payload is there.
+    std::vector<uint8_t> buffer;
+    constexpr uint64_t kChunk = uint64_t{16} << 20;
+    while (buffer.size() < payload) {
+      const uint64_t want = std::min<uint64_t>(kChunk, payload - buffer.size());
+      const size_t at = buffer.size();
+      buffer.resize(at + want);
+      const uint64_t have = in.read(buffer.data() + at, want);
+      EMBER_CHECK(have == want, FormatError, "'", path, "': truncated: the header announces ", shape_str(dims),
+                  " (", payload, " bytes of data) but the file ends after ", at + have);
+    }
+    t = empty(dims, {DType::u8, Device::cpu()});
+    if (payload > 0) std::memcpy(t.raw_data(), buffer.data(), payload);
   }
   const uint64_t extra = in.drain();
   EMBER_CHECK(extra == 0, FormatError, "'", path, "': ", extra, " trailing bytes after the ", payload,

@@ -15,6 +15,10 @@ namespace ember::data {
 
 namespace {
 
+// Python's round(): halves go to the even neighbour (torchvision's window sizes are int(round(...))).
+int64_t round_half_even(double x) { return static_cast<int64_t>(std::nearbyint(x)); }
+
+
 // An image seen as `planes` planes of h x w elements (planes = C for [C, H, W], 1 for [H, W]).
 struct Geometry {
   int64_t planes, h, w;
@@ -310,7 +314,7 @@ RandomResizedCrop::RandomResizedCrop(int64_t height, int64_t width, std::pair<do
 
 // Note [RandomResizedCrop parameters]
 // torchvision's RandomResizedCrop.get_params, draw for draw: up to 10 attempts, each drawing the area fraction
-// uniform(scale) and then log(aspect) uniform(log ratio); w = lround(sqrt(area * aspect)), h = lround(sqrt(area /
+// uniform(scale) and then log(aspect) uniform(log ratio); w = round(sqrt(area * aspect)), h = round(sqrt(area /
 // aspect)); the first attempt with 0 < w <= W and 0 < h <= H draws top = randint(H - h + 1), then left =
 // randint(W - w + 1). Without a fitting attempt, the centred crop of the whole image clamped to the ratio range is
 // taken (no draw). Unlike torchvision, the fallback sides are kept >= 1 so an extreme ratio never yields an empty
@@ -321,8 +325,8 @@ RandomResizedCrop::Window RandomResizedCrop::get_params(int64_t image_h, int64_t
   for (int attempt = 0; attempt < 10; ++attempt) {
     const double target_area = area * uniform(rng, scale_.first, scale_.second);
     const double aspect = std::exp(uniform(rng, log_r0, log_r1));
-    const int64_t w = std::lround(std::sqrt(target_area * aspect));
-    const int64_t h = std::lround(std::sqrt(target_area / aspect));
+    const int64_t w = round_half_even(std::sqrt(target_area * aspect));
+    const int64_t h = round_half_even(std::sqrt(target_area / aspect));
     if (0 < w && w <= image_w && 0 < h && h <= image_h) {
       const int64_t top = randint(rng, image_h - h + 1);
       const int64_t left = randint(rng, image_w - w + 1);
@@ -332,9 +336,9 @@ RandomResizedCrop::Window RandomResizedCrop::get_params(int64_t image_h, int64_t
   const double in_ratio = static_cast<double>(image_w) / static_cast<double>(image_h);
   int64_t w = image_w, h = image_h;
   if (in_ratio < ratio_.first) {
-    h = std::lround(static_cast<double>(w) / ratio_.first);
+    h = round_half_even(static_cast<double>(w) / ratio_.first);
   } else if (in_ratio > ratio_.second) {
-    w = std::lround(static_cast<double>(h) * ratio_.second);
+    w = round_half_even(static_cast<double>(h) * ratio_.second);
   }
   h = std::clamp<int64_t>(h, 1, image_h);
   w = std::clamp<int64_t>(w, 1, image_w);

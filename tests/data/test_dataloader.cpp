@@ -242,12 +242,15 @@ TEST(DataLoader, PrefetchIsBoundedAndShutdownJoinsWorkers) {
   {
     DataLoader loader(ds, o);
     ASSERT_TRUE(loader.next().has_value());
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
-    // At most prefetch_factor batches per worker wait, plus one batch each worker is loading, plus the one taken.
-    const int64_t bound = (1 + o.num_workers * (o.prefetch_factor + 1)) * o.batch_size;
-    std::printf("samples loaded after one batch: %lld (bound %lld)\n", static_cast<long long>(ds->calls.load()),
-                static_cast<long long>(bound));
-    EXPECT_LE(ds->calls.load(), bound);
+    // With one batch taken, each worker fills its queue with prefetch_factor batches and then waits: exactly
+    // (1 + num_workers * prefetch_factor) batches are loaded — no fewer (the workers do prefetch), no more (bounded).
+    const int64_t expected = (1 + o.num_workers * o.prefetch_factor) * o.batch_size;
+    for (int i = 0; i < 5000 && ds->calls.load() < expected; ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));  // room to overshoot, were the bound broken
+    std::printf("samples loaded after one batch: %lld (expected %lld)\n", static_cast<long long>(ds->calls.load()),
+                static_cast<long long>(expected));
+    EXPECT_EQ(ds->calls.load(), expected);
   }  // destroyed mid-epoch: the workers are joined here
   const int64_t after = ds->calls.load();
   std::this_thread::sleep_for(std::chrono::milliseconds(20));
@@ -390,6 +393,13 @@ TEST(DataLoader, BadOptions) {
   EXPECT_THROW(with([](DataLoaderOptions& o) { o.prefetch_factor = 0; }), ValueError);
   EXPECT_THROW(with([](DataLoaderOptions& o) { o.device_prefetch = -1; }), ValueError);
   EXPECT_THROW(with([](DataLoaderOptions& o) { o.device = Device::meta(); }), DeviceError);
+  EXPECT_THROW(with([](DataLoaderOptions& o) {
+                 o.shuffle = true;
+                 o.sampler = std::make_shared<data::SequentialSampler>();
+               }),
+               ValueError);
+  // Batch counts never overflow, whatever the batch size.
+  EXPECT_EQ(with([](DataLoaderOptions& o) { o.batch_size = INT64_MAX; }).num_batches(), 1);
   if (!memory::cuda::is_available()) {
     EXPECT_THROW(with([](DataLoaderOptions& o) { o.device = Device::cuda(0); }), DeviceError);
   }

@@ -14,6 +14,16 @@
 namespace ember::testing {
 namespace {
 
+// Python 3's round() to an integer, written out: the nearest integer, halves to the even one.
+int64_t py_round(double x) {
+  const double f = std::floor(x);
+  const double diff = x - f;
+  if (diff < 0.5) return static_cast<int64_t>(f);
+  if (diff > 0.5) return static_cast<int64_t>(f) + 1;
+  return static_cast<int64_t>(f) % 2 == 0 ? static_cast<int64_t>(f) : static_cast<int64_t>(f) + 1;
+}
+
+
 using data::Compose;
 using data::Normalize;
 using data::RandomCrop;
@@ -270,7 +280,7 @@ Window ref_rrc_params(int64_t H, int64_t W, double s0, double s1, double r0, dou
   for (int i = 0; i < 10; ++i) {
     const double target = H * W * data::uniform(twin, s0, s1);
     const double aspect = std::exp(data::uniform(twin, std::log(r0), std::log(r1)));
-    const int64_t w = std::lround(std::sqrt(target * aspect)), h = std::lround(std::sqrt(target / aspect));
+    const int64_t w = py_round(std::sqrt(target * aspect)), h = py_round(std::sqrt(target / aspect));
     if (w > 0 && w <= W && h > 0 && h <= H) {
       const int64_t top = data::randint(twin, H - h + 1);
       return {top, data::randint(twin, W - w + 1), h, w};
@@ -278,8 +288,8 @@ Window ref_rrc_params(int64_t H, int64_t W, double s0, double s1, double r0, dou
   }
   const double in_ratio = static_cast<double>(W) / H;
   int64_t w = W, h = H;
-  if (in_ratio < r0) h = std::lround(w / r0);
-  if (in_ratio > r1) w = std::lround(h * r1);
+  if (in_ratio < r0) h = py_round(w / r0);
+  if (in_ratio > r1) w = py_round(h * r1);
   return {(H - h) / 2, (W - w) / 2, h, w};
 }
 
