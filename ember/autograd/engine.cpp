@@ -173,6 +173,10 @@ class GraphTask {
   }
 
   void execute(Node* node, std::priority_queue<Node*, std::vector<Node*>, ReadyOrder>& ready) {
+    // What this node allocates (its gradients, temporaries, a checkpoint's recomputation, sums into the next
+    // nodes' buffers) belongs to its module's backward (DESIGN.md §6).
+    memory::ModuleScope module_scope(node->module());
+    memory::PhaseScope phase_scope(memory::Phase::Backward);
     TensorList grads;
     if (auto it = buffers_.find(node); it != buffers_.end()) {
       grads = std::move(it->second);
@@ -244,6 +248,7 @@ void prepare_roots(const char* api, const TensorList& outputs, const TensorList&
 }  // namespace
 
 void backward(const TensorList& outputs, const TensorList& grad_outputs, bool retain_graph) {
+  memory::PhaseScope phase(memory::Phase::Backward);  // the seed gradients too
   std::vector<Edge> roots;
   TensorList seeds;
   prepare_roots("backward", outputs, grad_outputs, roots, seeds);
@@ -253,6 +258,7 @@ void backward(const TensorList& outputs, const TensorList& grad_outputs, bool re
 
 TensorList grad(const TensorList& outputs, const TensorList& inputs, const TensorList& grad_outputs,
                 bool retain_graph, bool allow_unused) {
+  memory::PhaseScope phase(memory::Phase::Backward);
   std::vector<Edge> roots;
   TensorList seeds;
   prepare_roots("grad", outputs, grad_outputs, roots, seeds);

@@ -12,7 +12,8 @@ namespace {
 std::atomic<uint64_t> g_next_sequence_nr{0};
 }  // namespace
 
-Node::Node(std::string op) : op_(std::move(op)), sequence_nr_(g_next_sequence_nr.fetch_add(1)) {}
+Node::Node(std::string op)
+    : op_(std::move(op)), sequence_nr_(g_next_sequence_nr.fetch_add(1)), module_(memory::current_module()) {}
 
 // Note [Iterative graph destruction]
 // A node owns the nodes below it through its edges, so destroying the last reference to a long chain (an unrolled

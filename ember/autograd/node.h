@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "ember/core/tensor.h"
+#include "ember/memory/tags.h"
 
 namespace ember::autograd {
 
@@ -86,6 +87,9 @@ class Node : public std::enable_shared_from_this<Node> {
   virtual void run_pre_hooks(TensorList& grads);
 
   uint64_t sequence_nr() const { return sequence_nr_; }
+  // The module whose forward created this node (DESIGN.md §6): its backward's allocations belong to
+  // "MODULE/backward". For an AccumulateGrad, the module that first used the leaf in this graph.
+  memory::ModuleHandle module() const { return module_; }
   uint32_t num_outputs() const { return num_outputs_; }
   void set_num_outputs(uint32_t n) { num_outputs_ = n; }
   std::vector<Edge>& next_edges() { return next_edges_; }
@@ -106,6 +110,7 @@ class Node : public std::enable_shared_from_this<Node> {
  private:
   std::string op_;
   uint64_t sequence_nr_;
+  memory::ModuleHandle module_;
   uint32_t num_outputs_ = 1;
   std::vector<Edge> next_edges_;
   std::vector<InputMeta> input_meta_;

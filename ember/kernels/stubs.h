@@ -13,6 +13,7 @@
 #include "ember/core/core_stubs.h"
 #include "ember/core/dispatch.h"
 #include "ember/core/tensor.h"
+#include "ember/memory/tags.h"
 
 namespace ember {
 
@@ -22,10 +23,13 @@ namespace ember {
 // accumulators: Note [Kernel workspace] in cpu/conv_pool.cpp) registers, for DeviceType::Meta, a function that
 // allocates the same workspace on meta and computes nothing (cpu/meta_workspace.h). Inside a MetaAllocationScope a
 // dry run then sees the workspace a CPU run takes; outside one the meta tensors are byte-free and cost nothing.
-// Front ends call kernels through run_kernel, which skips meta where no Meta entry exists.
+// Front ends call kernels through run_kernel, which skips meta where no Meta entry exists. Whatever the kernel
+// allocates is scratch (its outputs were allocated by the front end), so it runs under memory::Phase::Workspace:
+// the bytes stay with the running module, as "MODULE/workspace" (DESIGN.md §6).
 template <class Fn, class... Args>
 void run_kernel(const DispatchStub<Fn>& stub, Device device, Args&&... args) {
   if (device.is_meta() && !stub.has(DeviceType::Meta)) return;
+  memory::PhaseScope workspace(memory::Phase::Workspace);
   stub.get(device.type)(std::forward<Args>(args)...);
 }
 

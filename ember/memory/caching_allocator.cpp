@@ -160,6 +160,7 @@ struct CachingAllocator::Impl {
                    ArenaAllocator<std::pair<void* const, Block*>>(&arena)};  // user pointer -> allocated block
   std::vector<std::pair<EventId, Block*>> events; // outstanding cross-stream events, in record order
   DeviceStats stats;
+  TagStatsTable tag_stats;  // bytes by owner tag, moved with allocated_bytes
   int64_t peak_active_bytes_since_reset = 0, peak_reserved_bytes_since_reset = 0;
   std::vector<std::pair<uint64_t, int64_t>> peak_windows;  // (id, peak allocated bytes) of the open windows
   uint64_t next_window_id = 1;
@@ -616,6 +617,7 @@ struct CachingAllocator::Impl {
   }
 
   [[noreturn]] void throw_oom(int64_t requested, int64_t rounded, StreamId stream);
+  AllocatorStats summary() const;
 
   void* allocate(int64_t nbytes, StreamId stream) {
     EMBER_CHECK(nbytes >= 0, ValueError, "allocate: negative size ", nbytes);
@@ -680,6 +682,7 @@ struct CachingAllocator::Impl {
     b->tag = current_tag();
     active.emplace(b->ptr, b);
     const bool is_small = b->segment->is_small;
+    const int64_t old_peak = stats.allocated_bytes[kAggregatePool].peak;
     for_pools(is_small, [&](int p) {
       stats.allocation[p].increase(1);
       stats.allocated_bytes[p].increase(b->size);
@@ -687,6 +690,7 @@ struct CachingAllocator::Impl {
       stats.active_bytes[p].increase(b->size);
       stats.requested_bytes[p].increase(nbytes);
     });
+    tag_stats.on_alloc(b->tag, b->size, stats.allocated_bytes[kAggregatePool].peak > old_peak);
     if (b->size >= config.max_split_size) stats.oversize_allocations.increase(1);
     note_active_peak();
     for (auto& w : peak_windows) w.second = std::max(w.second, stats.allocated_bytes[kAggregatePool].current);
@@ -715,6 +719,7 @@ struct CachingAllocator::Impl {
       stats.allocated_bytes[p].decrease(b->size);
       stats.requested_bytes[p].decrease(b->requested);
     });
+    tag_stats.on_free(b->tag, b->size);  // a pending block leaves allocated_bytes (and its tag) here too
     if (b->size >= config.max_split_size) stats.oversize_allocations.decrease(1);
     record(TraceAction::Free, b->id, b->requested, b->size, b->ptr, b->stream, b->tag);
     if (!recorded.empty()) {  // reuse only after the other streams' work completes
@@ -829,7 +834,17 @@ void CachingAllocator::empty_cache() {
 
 AllocatorStats CachingAllocator::stats() const {
   std::lock_guard<std::mutex> lock(impl_->mutex);
-  const DeviceStats& s = impl_->stats;
+  return impl_->summary();
+}
+
+std::vector<TagStat> CachingAllocator::tag_stats(AllocatorStats* totals) const {
+  std::lock_guard<std::mutex> lock(impl_->mutex);
+  if (totals != nullptr) *totals = impl_->summary();
+  return impl_->tag_stats.stats();
+}
+
+AllocatorStats CachingAllocator::Impl::summary() const {
+  const DeviceStats& s = stats;
   AllocatorStats out;
   out.allocated_bytes = s.allocated_bytes[kAggregatePool].current;
   out.peak_allocated_bytes = s.allocated_bytes[kAggregatePool].peak;
@@ -873,6 +888,7 @@ void CachingAllocator::reset_peak_stats() {
       c->reset_peak();
   s.oversize_allocations.reset_peak();
   s.oversize_segments.reset_peak();
+  impl_->tag_stats.reset_peaks();
   impl_->peak_active_bytes_since_reset = s.active_bytes[kAggregatePool].current;
   impl_->peak_reserved_bytes_since_reset = s.reserved_bytes[kAggregatePool].current;
 }
@@ -1044,6 +1060,20 @@ void CachingAllocator::check_invariants() const {
     if (s.inactive_split_bytes[p].current != inactive_bytes[p]) fail("inactive split bytes differ from a recount");
     if (s.requested_bytes[p].current != requested[p]) fail("requested bytes differ from a recount");
   }
+  // Per-tag bytes: each tag's current bytes equal a recount of its live blocks; the sums equal the aggregate.
+  std::unordered_map<TagId, int64_t> by_tag;
+  for (const auto& [p, b] : m.active) by_tag[b->tag] += b->size;
+  int64_t sum_current = 0, sum_at_peak = 0;
+  for (const TagStat& t : m.tag_stats.stats()) {
+    sum_current += t.current;
+    sum_at_peak += t.at_peak;
+    auto it = by_tag.find(t.tag);
+    if (t.current != (it == by_tag.end() ? 0 : it->second)) fail("a tag's bytes differ from a recount of its blocks");
+    if (it != by_tag.end()) by_tag.erase(it);
+  }
+  if (!by_tag.empty()) fail("live blocks carry a tag the per-tag statistics do not know");
+  if (sum_current != s.allocated_bytes[kAggregatePool].current) fail("per-tag bytes do not sum to allocated bytes");
+  if (sum_at_peak != s.allocated_bytes[kAggregatePool].peak) fail("per-tag at-peak bytes do not sum to the peak");
 }
 
 }  // namespace ember::memory

@@ -4,7 +4,8 @@
 // fragmentation metrics and a trace — all over an injected Backing, so it behaves identically on CUDA, host
 // memory and a simulated device of any capacity.
 // Invariants (checked by check_invariants()): the blocks of a segment tile it exactly, in address order; no two
-// adjacent blocks are both free; every free block is in exactly one pool; statistics equal a recount.
+// adjacent blocks are both free; every free block is in exactly one pool; statistics equal a recount; the per-tag
+// bytes sum to the allocated bytes (now and at the peak).
 #pragma once
 
 #include <cstdint>
@@ -18,6 +19,7 @@
 #include "ember/memory/alloc_config.h"
 #include "ember/memory/allocator.h"
 #include "ember/memory/backing.h"
+#include "ember/memory/tag_stats.h"
 #include "ember/memory/tags.h"
 #include "ember/memory/trace.h"
 
@@ -116,6 +118,9 @@ class CachingAllocator final : public Allocator {
   void close_peak_window(uint64_t id) override;
 
   DeviceStats device_stats() const;
+  // Bytes by owner tag (DESIGN.md §6): every tag that holds or held bytes. With `totals`, also the statistics taken
+  // under the same lock, so sum(current) == totals->allocated_bytes and sum(at_peak) == totals->peak_allocated_bytes.
+  std::vector<TagStat> tag_stats(AllocatorStats* totals = nullptr) const;
   FragmentationMetrics fragmentation() const;
   std::vector<SegmentSnapshot> snapshot() const;
   // A readable table of the statistics, the fragmentation metrics and the segments by pool (like PyTorch's

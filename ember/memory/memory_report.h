@@ -25,7 +25,8 @@ struct TagBytes {
 
 struct MemoryAttribution {
   std::string allocator;          // the allocator's name
-  std::vector<TagBytes> owners;   // every tag that holds or held bytes, largest at_peak first
+  std::vector<TagBytes> owners;   // every tag that holds or held bytes, largest at_peak first (tags naming the same
+                                  // module and phase are merged; their peak_bytes is then the sum of their peaks)
   int64_t current_bytes = 0;      // == allocator.stats().allocated_bytes
   int64_t peak_bytes = 0;         // == allocator.stats().peak_allocated_bytes
   std::string to_json() const;    // one line: {"allocator":..., "current_bytes":..., "peak_bytes":..., "owners":[...]}
@@ -36,5 +37,7 @@ MemoryAttribution memory_attribution(const CachingAllocator& allocator);
 // A readable report: current and at-peak bytes by module (rows, indented by path depth) and phase (columns), with
 // totals that equal the allocator's statistics; printed next to memory_summary().
 std::string memory_report(const CachingAllocator& allocator);
+// The same for the CPU allocator (cpu_allocator()).
+std::string memory_report();
 
 }  // namespace ember::memory

@@ -1,12 +1,20 @@
-// Tag interning (mutex-protected table) and the thread-local current tag.
-// Invariant: names_[id] is the name of tag id; index 0 is the empty name (kUntagged).
+// Tag interning (mutex-protected table), interned module paths, and the thread-local module / phase / raw tag.
+// Invariant: names_[id] is the name of tag id; index 0 is the empty name (kUntagged). An InternedModule's per-phase
+// tag cache holds 0 until computed and then the id of "PATH/PHASE" forever, so entering a scope never builds a string.
 #include "ember/memory/tags.h"
 
+#include <atomic>
+#include <memory>
 #include <mutex>
 #include <unordered_map>
 #include <vector>
 
 namespace ember::memory {
+
+struct InternedModule {
+  std::string path;
+  mutable std::atomic<TagId> tags[kNumPhases] = {};  // 0: not computed yet
+};
 
 namespace {
 struct TagTable {
@@ -18,7 +26,35 @@ TagTable& table() {
   static TagTable* t = new TagTable();  // never destroyed: allocations may be tagged during static teardown
   return *t;
 }
-thread_local TagId t_current = kUntagged;
+
+struct ModuleTable {
+  std::mutex mutex;
+  std::unordered_map<std::string, std::unique_ptr<InternedModule>> modules;
+  InternedModule empty;  // the "" module (nullptr handles resolve to it)
+};
+ModuleTable& modules() {
+  static ModuleTable* t = new ModuleTable();  // never destroyed: handles are stable for the process
+  return *t;
+}
+
+thread_local ModuleHandle t_module = nullptr;
+thread_local Phase t_phase = Phase::Other;
+thread_local TagId t_raw_tag = kUntagged;  // a TagScope's tag
+thread_local bool t_raw_active = false;
+thread_local TagId t_cached = kUntagged;   // the tag of (t_module, t_phase) when !t_dirty
+thread_local bool t_dirty = false;
+
+TagId tag_of(ModuleHandle module, Phase phase) {
+  if (module == nullptr && phase == Phase::Other) return kUntagged;
+  const InternedModule& m = module != nullptr ? *module : modules().empty;
+  std::atomic<TagId>& slot = m.tags[static_cast<int>(phase)];
+  TagId id = slot.load(std::memory_order_acquire);
+  if (id == kUntagged) {
+    id = intern_tag(m.path + "/" + phase_name(phase));
+    slot.store(id, std::memory_order_release);  // racing threads store the same id
+  }
+  return id;
+}
 }  // namespace
 
 TagId intern_tag(const std::string& name) {
@@ -38,9 +74,86 @@ std::string tag_name(TagId id) {
   return id < t.names.size() ? t.names[id] : std::string("<unknown tag>");
 }
 
-TagId current_tag() { return t_current; }
+TagId current_tag() {
+  if (t_raw_active) return t_raw_tag;
+  if (t_dirty) {
+    t_cached = tag_of(t_module, t_phase);
+    t_dirty = false;
+  }
+  return t_cached;
+}
 
-TagScope::TagScope(TagId tag) : previous_(t_current) { t_current = tag; }
-TagScope::~TagScope() { t_current = previous_; }
+const char* phase_name(Phase phase) {
+  switch (phase) {
+    case Phase::Forward: return "forward";
+    case Phase::Backward: return "backward";
+    case Phase::Optimizer: return "optimizer";
+    case Phase::Data: return "data";
+    case Phase::Workspace: return "workspace";
+    case Phase::Other: return "other";
+  }
+  return "other";
+}
+
+ModuleHandle intern_module(const std::string& path) {
+  if (path.empty()) return nullptr;
+  ModuleTable& t = modules();
+  std::lock_guard<std::mutex> lock(t.mutex);
+  std::unique_ptr<InternedModule>& slot = t.modules[path];
+  if (!slot) {
+    slot = std::make_unique<InternedModule>();
+    slot->path = path;
+  }
+  return slot.get();
+}
+
+const std::string& module_path(ModuleHandle module) {
+  return module != nullptr ? module->path : modules().empty.path;
+}
+
+ModuleHandle current_module() { return t_module; }
+Phase current_phase() { return t_phase; }
+
+std::pair<std::string, std::string> split_tag(const std::string& name) {
+  const size_t slash = name.rfind('/');
+  if (slash != std::string::npos) {
+    const std::string phase = name.substr(slash + 1);
+    for (int p = 0; p < kNumPhases; ++p)
+      if (phase == phase_name(static_cast<Phase>(p))) return {name.substr(0, slash), phase};
+  }
+  return {name, "other"};
+}
+
+ModuleScope::ModuleScope(ModuleHandle module) : previous_module_(t_module), previous_phase_(t_phase) {
+  t_module = module;
+  if (t_phase == Phase::Other) t_phase = Phase::Forward;
+  t_dirty = true;
+}
+
+ModuleScope::~ModuleScope() {
+  t_module = previous_module_;
+  t_phase = previous_phase_;
+  t_dirty = true;
+}
+
+PhaseScope::PhaseScope(Phase phase) : previous_(t_phase) {
+  t_phase = phase;
+  t_dirty = true;
+}
+
+PhaseScope::~PhaseScope() {
+  t_phase = previous_;
+  t_dirty = true;
+}
+
+TagScope::TagScope(TagId tag) : previous_(t_raw_tag), previous_active_(t_raw_active) {
+  t_raw_tag = tag;
+  t_raw_active = true;
+}
+
+TagScope::~TagScope() {
+  t_raw_tag = previous_;
+  t_raw_active = previous_active_;
+}
 
 }  // namespace ember::memory

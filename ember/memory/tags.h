@@ -1,11 +1,13 @@
-// Ownership tags for allocations (DESIGN.md §6): a tag is an interned string such as "model.layers.3.attn/forward".
-// Upper layers set the current tag for a scope (TagScope); every allocation made on that thread inside the scope
-// carries it into the allocator's blocks, statistics and trace. Invariant: tag 0 is "untagged"; ids are stable for
-// the life of the process.
+// Ownership tags for allocations (DESIGN.md §6): a tag is an interned string "MODULE/PHASE" such as
+// "GPT.blocks.3.attn/forward". Upper layers set this thread's module (ModuleScope) and phase (PhaseScope); every
+// allocation made on the thread inside them carries the tag into the allocator's blocks, statistics and trace.
+// Invariants: tag 0 is "untagged" (module "" and phase Other); ids and interned module paths are stable for the life
+// of the process; all scope state is thread-local (a worker thread sets its own scopes).
 #pragma once
 
 #include <cstdint>
 #include <string>
+#include <utility>
 
 namespace ember::memory {
 
@@ -14,9 +16,56 @@ inline constexpr TagId kUntagged = 0;
 
 TagId intern_tag(const std::string& name);  // thread-safe
 std::string tag_name(TagId id);             // "" for kUntagged
-TagId current_tag();                        // this thread's current tag
+// This thread's current tag: a raw TagScope's tag while one is open, else the tag of (module, phase). A thread-local
+// read unless a scope changed since the last call.
+TagId current_tag();
 
-// Sets this thread's current tag for the scope; restores the previous one on exit.
+// What the bytes are for.
+enum class Phase : uint8_t { Forward, Backward, Optimizer, Data, Workspace, Other };
+inline constexpr int kNumPhases = 6;
+const char* phase_name(Phase phase);  // "forward", "backward", "optimizer", "data", "workspace", "other"
+
+// A module path interned once ("" included): a stable handle, cheap to copy and to enter. nullptr means "".
+struct InternedModule;
+using ModuleHandle = const InternedModule*;
+ModuleHandle intern_module(const std::string& path);  // thread-safe; the same handle for the same path
+const std::string& module_path(ModuleHandle module);  // "" for nullptr
+
+ModuleHandle current_module();  // this thread's module (nullptr: none)
+Phase current_phase();          // this thread's phase (Other by default)
+
+// "MODULE/PHASE" -> {module, phase}: the phase is the text after the last '/' when it is a phase name; otherwise the
+// whole name is the module and the phase is "other". "" -> {"", "other"}.
+std::pair<std::string, std::string> split_tag(const std::string& name);
+
+// Sets this thread's module for the scope; a phase of Other becomes Forward. Restores both on exit.
+class ModuleScope {
+ public:
+  explicit ModuleScope(ModuleHandle module);
+  explicit ModuleScope(const std::string& path) : ModuleScope(intern_module(path)) {}
+  ~ModuleScope();
+  ModuleScope(const ModuleScope&) = delete;
+  ModuleScope& operator=(const ModuleScope&) = delete;
+
+ private:
+  ModuleHandle previous_module_;
+  Phase previous_phase_;
+};
+
+// Sets this thread's phase for the scope, keeping the module; restores it on exit.
+class PhaseScope {
+ public:
+  explicit PhaseScope(Phase phase);
+  ~PhaseScope();
+  PhaseScope(const PhaseScope&) = delete;
+  PhaseScope& operator=(const PhaseScope&) = delete;
+
+ private:
+  Phase previous_;
+};
+
+// Sets this thread's current tag outright for the scope (module and phase are ignored until it exits); restores the
+// previous state on exit.
 class TagScope {
  public:
   explicit TagScope(TagId tag);
@@ -27,6 +76,7 @@ class TagScope {
 
  private:
   TagId previous_;
+  bool previous_active_;
 };
 
 }  // namespace ember::memory

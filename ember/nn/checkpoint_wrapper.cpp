@@ -12,6 +12,7 @@ CheckpointWrapper::CheckpointWrapper(std::shared_ptr<Module> m) : Module("Checkp
 }
 
 Tensor CheckpointWrapper::forward(const Tensor& x) {
+  EMBER_MODULE_SCOPE();
   return autograd::checkpoint([m = module](const Tensor& h) { return m->forward(h); }, x);
 }
 

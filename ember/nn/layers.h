@@ -234,7 +234,10 @@ class Sigmoid : public Module {
 class Identity : public Module {
  public:
   Identity() : Module("Identity") {}
-  Tensor forward(const Tensor& x) override { return x; }
+  Tensor forward(const Tensor& x) override {
+    EMBER_MODULE_SCOPE();
+    return x;
+  }
 };
 
 // Flattens dims start_dim..end_dim (negative dims count from the end) into one; a view when strides allow.

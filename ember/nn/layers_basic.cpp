@@ -39,6 +39,7 @@ void Linear::reset_parameters() {
 }
 
 Tensor Linear::forward(const Tensor& x) {
+  EMBER_MODULE_SCOPE();
   EMBER_CHECK(x.dim() >= 1 && x.size(-1) == in_features, ShapeError, "Linear(in_features=", in_features,
               ", out_features=", out_features, "): expects input of shape [..., ", in_features, "], got ",
               x.description());
@@ -64,6 +65,7 @@ Embedding::Embedding(int64_t num_embeddings_, int64_t embedding_dim_)
 void Embedding::reset_parameters() { init::normal_(weight, 0.0, 1.0); }
 
 Tensor Embedding::forward(const Tensor& indices) {
+  EMBER_MODULE_SCOPE();
   EMBER_CHECK(indices.dtype() == DType::i64 || indices.dtype() == DType::i32, DTypeError, "Embedding(",
               num_embeddings, ", ", embedding_dim, "): expects integer (i64 or i32) indices, got ",
               indices.description());
@@ -80,7 +82,10 @@ Dropout::Dropout(double p_) : Module("Dropout"), p(p_) {
   EMBER_CHECK(p >= 0.0 && p <= 1.0, ValueError, "Dropout: probability must be in [0, 1], got ", p);
 }
 
-Tensor Dropout::forward(const Tensor& x) { return dropout(x, p, is_training()); }
+Tensor Dropout::forward(const Tensor& x) {
+  EMBER_MODULE_SCOPE();
+  return dropout(x, p, is_training());
+}
 
 std::string Dropout::extra_repr() const {
   std::ostringstream os;
@@ -88,10 +93,22 @@ std::string Dropout::extra_repr() const {
   return os.str();
 }
 
-Tensor ReLU::forward(const Tensor& x) { return relu(x); }
-Tensor SiLU::forward(const Tensor& x) { return silu(x); }
-Tensor Tanh::forward(const Tensor& x) { return tanh(x); }
-Tensor Sigmoid::forward(const Tensor& x) { return sigmoid(x); }
+Tensor ReLU::forward(const Tensor& x) {
+  EMBER_MODULE_SCOPE();
+  return relu(x);
+}
+Tensor SiLU::forward(const Tensor& x) {
+  EMBER_MODULE_SCOPE();
+  return silu(x);
+}
+Tensor Tanh::forward(const Tensor& x) {
+  EMBER_MODULE_SCOPE();
+  return tanh(x);
+}
+Tensor Sigmoid::forward(const Tensor& x) {
+  EMBER_MODULE_SCOPE();
+  return sigmoid(x);
+}
 
 GELU::GELU(const std::string& approximate_) : Module("GELU"), approximate(approximate_) {
   EMBER_CHECK(approximate == "none" || approximate == "tanh", ValueError,
@@ -99,6 +116,7 @@ GELU::GELU(const std::string& approximate_) : Module("GELU"), approximate(approx
 }
 
 Tensor GELU::forward(const Tensor& x) {
+  EMBER_MODULE_SCOPE();
   return gelu(x, approximate == "tanh" ? GeluApprox::Tanh : GeluApprox::None);
 }
 
@@ -107,6 +125,7 @@ std::string GELU::extra_repr() const { return "approximate='" + approximate + "'
 Flatten::Flatten(int64_t start_dim_, int64_t end_dim_) : Module("Flatten"), start_dim(start_dim_), end_dim(end_dim_) {}
 
 Tensor Flatten::forward(const Tensor& x) {
+  EMBER_MODULE_SCOPE();
   const int64_t n = x.dim();
   const int64_t s = start_dim < 0 ? start_dim + n : start_dim;
   const int64_t e = end_dim < 0 ? end_dim + n : end_dim;
@@ -124,6 +143,7 @@ std::string Flatten::extra_repr() const {
 // ---- containers --------------------------------------------------------------------------------------------------
 
 Tensor Sequential::forward(const Tensor& x) {
+  EMBER_MODULE_SCOPE();
   if (!checkpoint_plan_.segments.empty()) return autograd::run_chain(chain(), x, checkpoint_plan_);
   Tensor out = x;
   for (const auto& m : modules_) out = m->forward(out);

@@ -83,6 +83,7 @@ void Conv2d::reset_parameters() {
 }
 
 Tensor Conv2d::forward(const Tensor& x) {
+  EMBER_MODULE_SCOPE();
   check_image_input(*this, extra_repr(), x);
   const int64_t c = x.size(-3);
   EMBER_CHECK(c == options.in_channels(), ShapeError, "Conv2d(", extra_repr(), "): expects ", options.in_channels(),
@@ -118,6 +119,7 @@ MaxPool2d::MaxPool2d(Size2 kernel_size_, Size2 stride_, Size2 padding_)
     : Module("MaxPool2d"), kernel_size(kernel_size_), stride(stride_), padding(padding_) {}
 
 Tensor MaxPool2d::forward(const Tensor& x) {
+  EMBER_MODULE_SCOPE();
   check_image_input(*this, extra_repr(), x);
   const Pool2dParams p = pool_params(kernel_size, stride, padding, true);
   return batched(x, [&](const Tensor& xb) { return max_pool2d(xb, p); });
@@ -137,6 +139,7 @@ AvgPool2d::AvgPool2d(Size2 kernel_size_, Size2 stride_, Size2 padding_, bool cou
       count_include_pad(count_include_pad_) {}
 
 Tensor AvgPool2d::forward(const Tensor& x) {
+  EMBER_MODULE_SCOPE();
   check_image_input(*this, extra_repr(), x);
   const Pool2dParams p = pool_params(kernel_size, stride, padding, count_include_pad);
   return batched(x, [&](const Tensor& xb) { return avg_pool2d(xb, p); });
@@ -173,6 +176,7 @@ AdaptiveAvgPool2d::AdaptiveAvgPool2d(Size2 output_size_) : Module("AdaptiveAvgPo
 }
 
 Tensor AdaptiveAvgPool2d::forward(const Tensor& x) {
+  EMBER_MODULE_SCOPE();
   check_image_input(*this, extra_repr(), x);
   const int64_t h = x.size(-2), w = x.size(-1), oh = output_size.h, ow = output_size.w;
   EMBER_CHECK(h > 0 && w > 0, ShapeError, "AdaptiveAvgPool2d(", extra_repr(), "): input ", x.description(),

@@ -56,6 +56,7 @@ void BatchNorm2d::reset_parameters() {
 // 1 / num_batches_tracked when momentum is nullopt (cumulative average). num_batches_tracked counts training
 // forwards. Eval with running stats normalises with running_mean / running_var. Matches torch.nn.BatchNorm2d.
 Tensor BatchNorm2d::forward(const Tensor& x) {
+  EMBER_MODULE_SCOPE();
   EMBER_CHECK(x.dim() == 4, ShapeError, "BatchNorm2d(", num_features, "): expects input of shape [N, C, H, W], got ",
               x.description());
   EMBER_CHECK(x.size(1) == num_features, ShapeError, "BatchNorm2d(", num_features, "): expects ", num_features,
@@ -129,6 +130,7 @@ void LayerNorm::reset_parameters() {
 }
 
 Tensor LayerNorm::forward(const Tensor& x) {
+  EMBER_MODULE_SCOPE();
   const int64_t k = static_cast<int64_t>(normalized_shape.size());
   bool matches = x.dim() >= k;
   for (int64_t i = 0; matches && i < k; ++i) matches = x.size(x.dim() - k + i) == normalized_shape[i];

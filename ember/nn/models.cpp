@@ -15,6 +15,7 @@ MnistNet::MnistNet(bool dropout) : Module("MnistNet") {
 }
 
 Tensor MnistNet::forward(const Tensor& x) {
+  EMBER_MODULE_SCOPE();
   EMBER_CHECK(x.dim() == 4 && x.size(1) == 1 && x.size(2) == 28 && x.size(3) == 28, ShapeError,
               "MnistNet: expects input [N, 1, 28, 28], got ", x.description());
   Tensor h = relu(conv1->forward(x));

@@ -15,6 +15,9 @@ namespace ember::nn {
 
 namespace {
 
+// Bumped by every registration and by a parent's destruction: cached memory paths older than it are recomputed.
+std::atomic<uint64_t> g_tree_generation{1};
+
 std::string join_name(const std::string& prefix, const std::string& name) {
   return prefix.empty() ? name : prefix + "." + name;
 }
@@ -80,7 +83,36 @@ Tensor Module::register_buffer(const std::string& name, Tensor t, bool persisten
 void Module::register_module_impl(const std::string& name, std::shared_ptr<Module> module) {
   EMBER_CHECK(module != nullptr, ValueError, type_name_, ": register_module('", name, "') got a null module");
   check_new_name(name);
+  if (module->parent_ == nullptr && module.get() != this) {  // the first parent names it (Note [Module memory paths])
+    module->parent_ = this;
+    module->name_in_parent_ = name;
+  }
   children_.emplace_back(name, std::move(module));
+  g_tree_generation.fetch_add(1, std::memory_order_acq_rel);
+}
+
+Module::~Module() {
+  bool changed = false;
+  for (auto& [name, child] : children_) {
+    if (child && child->parent_ == this) {
+      child->parent_ = nullptr;
+      changed = true;
+    }
+  }
+  if (changed) g_tree_generation.fetch_add(1, std::memory_order_acq_rel);
+}
+
+memory::ModuleHandle Module::memory_handle() const {
+  const uint64_t gen = g_tree_generation.load(std::memory_order_acquire);
+  if (memory_generation_.load(std::memory_order_acquire) == gen) return memory_handle_.load(std::memory_order_acquire);
+  std::vector<const Module*> chain;  // this module up to its root
+  for (const Module* m = this; m != nullptr && chain.size() < 4096; m = m->parent_) chain.push_back(m);
+  std::string path = chain.back()->type_name_;
+  for (size_t i = chain.size() - 1; i-- > 0;) path += "." + chain[i]->name_in_parent_;
+  const memory::ModuleHandle handle = memory::intern_module(path);
+  memory_handle_.store(handle, std::memory_order_release);
+  memory_generation_.store(gen, std::memory_order_release);
+  return handle;
 }
 
 // ---- traversal -------------------------------------------------------------------------------------------------

@@ -4,6 +4,7 @@
 // load_state_dict() change their contents in place, so a layer's `weight` member always is its parameter.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -11,6 +12,7 @@
 #include <vector>
 
 #include "ember/core/tensor.h"
+#include "ember/memory/tags.h"
 
 namespace ember::nn {
 
@@ -20,7 +22,7 @@ using NamedTensors = std::vector<std::pair<std::string, Tensor>>;
 class Module : public std::enable_shared_from_this<Module> {
  public:
   explicit Module(std::string type_name = "Module") : type_name_(std::move(type_name)) {}
-  virtual ~Module() = default;
+  virtual ~Module();
   Module(const Module&) = delete;
   Module& operator=(const Module&) = delete;
 
@@ -77,6 +79,13 @@ class Module : public std::enable_shared_from_this<Module> {
   // A one-line-per-module description with parameter counts.
   std::string describe() const;
 
+  // --- memory attribution (DESIGN.md §6) -----------------------------------------------------------------------
+  // The owner name of this module's allocations: the root's type_name, then the dotted child names
+  // ("MnistNet.conv1", "GPT.blocks.0.attn.qkv"). A module registered in several parents keeps its first one.
+  const std::string& memory_path() const { return memory::module_path(memory_handle()); }
+  // The interned memory_path(), recomputed only after a registration anywhere changed the module tree.
+  memory::ModuleHandle memory_handle() const;
+
  protected:
   // Extra text for describe(), e.g. "in=784, out=128".
   virtual std::string extra_repr() const { return ""; }
@@ -94,7 +103,18 @@ class Module : public std::enable_shared_from_this<Module> {
   NamedTensors buffers_;
   std::vector<std::string> non_persistent_;  // names of buffers_ entries left out of state_dict
   std::vector<std::pair<std::string, std::shared_ptr<Module>>> children_;
+  // Note [Module memory paths]: parent_ is a raw back-pointer set when this module is first registered as a child
+  // (a parent's destructor clears it in its children). memory_handle() caches the interned path together with the
+  // registration generation it was computed at; any registration (or a parent going away) bumps the generation.
+  Module* parent_ = nullptr;
+  std::string name_in_parent_;
+  mutable std::atomic<memory::ModuleHandle> memory_handle_{nullptr};
+  mutable std::atomic<uint64_t> memory_generation_{0};  // 0: never computed
 };
+
+// Opens a memory::ModuleScope for the enclosing module (`this`) for the rest of the block: put it first in every
+// forward, so the allocations inside are owned by "PATH/forward" (or by "PATH/backward" during recomputation).
+#define EMBER_MODULE_SCOPE() ::ember::memory::ModuleScope ember_module_scope_(this->memory_handle())
 
 // Replaces the contents of `dst`'s TensorImpl with `src`'s geometry and storage, keeping dst's identity and its
 // requires_grad flag (libtorch's set_data); .grad is cleared. Used by Module::to. An optimizer built before to()

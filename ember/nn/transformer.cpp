@@ -46,6 +46,7 @@ CausalSelfAttention::CausalSelfAttention(const GPTConfig& config)
 }
 
 Tensor CausalSelfAttention::forward(const Tensor& x) {
+  EMBER_MODULE_SCOPE();
   EMBER_CHECK(x.dim() == 3 && x.size(2) == n_embd, ShapeError, "CausalSelfAttention: expects [B, T, ", n_embd,
               "], got ", shape_str(x.sizes()));
   const int64_t B = x.size(0), T = x.size(1), C = n_embd, hd = C / n_head;
@@ -69,6 +70,7 @@ MLP::MLP(const GPTConfig& config) : Module("MLP") {
 }
 
 Tensor MLP::forward(const Tensor& x) {
+  EMBER_MODULE_SCOPE();
   return dropout->forward(c_proj->forward(gelu->forward(c_fc->forward(x))));
 }
 
@@ -80,6 +82,7 @@ Block::Block(const GPTConfig& config) : Module("Block") {
 }
 
 Tensor Block::forward(const Tensor& x) {
+  EMBER_MODULE_SCOPE();
   const Tensor h = add(x, attn->forward(ln_1->forward(x)));
   return add(h, mlp->forward(ln_2->forward(h)));
 }
@@ -91,7 +94,10 @@ TiedLinear::TiedLinear(const Tensor& w) : Module("TiedLinear") {
   weight = register_parameter("weight", w);  // Note [Tied lm_head]: the owner's tensor itself, not a copy
 }
 
-Tensor TiedLinear::forward(const Tensor& x) { return linear(x, weight); }
+Tensor TiedLinear::forward(const Tensor& x) {
+  EMBER_MODULE_SCOPE();
+  return linear(x, weight);
+}
 
 std::string TiedLinear::extra_repr() const {
   std::ostringstream os;
@@ -154,6 +160,7 @@ std::vector<autograd::TensorFn> GPT::block_chain() {
 }
 
 Tensor GPT::forward(const Tensor& idx) {
+  EMBER_MODULE_SCOPE();
   Tensor x = embed(idx);
   if (!checkpoint_plan_.segments.empty()) {
     x = autograd::run_chain(block_chain(), x, checkpoint_plan_);
@@ -188,6 +195,7 @@ autograd::CheckpointPlan GPT::plan_checkpointing(const Tensor& idx, const autogr
 }
 
 GPTOutput GPT::forward(const Tensor& idx, const Tensor& targets) {
+  EMBER_MODULE_SCOPE();
   GPTOutput out;
   out.logits = forward(idx);
   if (targets.defined()) {

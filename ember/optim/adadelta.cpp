@@ -4,6 +4,7 @@
 
 #include "ember/core/grad_mode.h"
 #include "ember/kernels/ops.h"
+#include "ember/memory/tags.h"
 
 namespace ember::optim {
 
@@ -36,6 +37,7 @@ Optimizer::StateSpec Adadelta::state_spec(const std::string&, const Tensor& para
 }
 
 void Adadelta::step() {
+  memory::PhaseScope optimizer_phase(memory::Phase::Optimizer);
   NoGradGuard no_grad;
   for (const ParamGroup& group : param_groups()) {
     const AdadeltaOptions o = from_group_options(group.options);

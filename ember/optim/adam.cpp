@@ -4,6 +4,7 @@
 
 #include "ember/core/grad_mode.h"
 #include "ember/kernels/ops.h"
+#include "ember/memory/tags.h"
 
 namespace ember::optim {
 
@@ -53,6 +54,7 @@ Optimizer::StateSpec Adam::state_spec(const std::string& key, const Tensor& para
 }
 
 void Adam::step() {
+  memory::PhaseScope optimizer_phase(memory::Phase::Optimizer);
   NoGradGuard no_grad;
   for (const ParamGroup& group : param_groups()) {
     const AdamOptions o = from_group_options(group.options);

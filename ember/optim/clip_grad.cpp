@@ -7,6 +7,7 @@
 
 #include "ember/core/grad_mode.h"
 #include "ember/kernels/ops.h"
+#include "ember/memory/tags.h"
 
 namespace ember::optim {
 
@@ -52,6 +53,7 @@ double grad_norm(const std::vector<Tensor>& params, double norm_type) {
 
 double clip_grad_norm_(const std::vector<Tensor>& params, double max_norm, double norm_type,
                        bool error_if_nonfinite) {
+  memory::PhaseScope optimizer_phase(memory::Phase::Optimizer);
   const double total = grad_norm(params, norm_type);
   EMBER_CHECK(!error_if_nonfinite || std::isfinite(total), ValueError, "clip_grad_norm_: the total norm of order ",
               norm_type, " of the gradients is non-finite (", total, "), so it cannot be clipped; pass "
@@ -64,6 +66,7 @@ double clip_grad_norm_(const std::vector<Tensor>& params, double max_norm, doubl
 }
 
 void clip_grad_value_(const std::vector<Tensor>& params, double clip_value) {
+  memory::PhaseScope optimizer_phase(memory::Phase::Optimizer);
   EMBER_CHECK(clip_value >= 0.0, ValueError, "clip_grad_value_: clip_value must be >= 0, got ", clip_value);
   NoGradGuard no_grad;
   for (Tensor g : defined_grads(params)) g.copy_(ops::clamp(g, -clip_value, clip_value));

@@ -14,6 +14,7 @@
 #include "ember/autograd/functions.h"
 #include "ember/core/grad_mode.h"
 #include "ember/kernels/ops.h"
+#include "ember/memory/tags.h"
 
 namespace ember::optim {
 
@@ -113,6 +114,7 @@ Tensor GradScaler::scale(const Tensor& outputs) {
 }
 
 void GradScaler::unscale_(Optimizer& optimizer) {
+  memory::PhaseScope optimizer_phase(memory::Phase::Optimizer);
   if (!options_.enabled) return;
   const char* op = "GradScaler::unscale_";
   EMBER_CHECK(scale_.defined(), ValueError, op, ": no scale yet; call scale(loss) and backward before unscale_ "
@@ -159,6 +161,7 @@ void GradScaler::unscale_(Optimizer& optimizer) {
 }
 
 bool GradScaler::step(Optimizer& optimizer) {
+  memory::PhaseScope optimizer_phase(memory::Phase::Optimizer);
   if (!options_.enabled) {
     optimizer.step();
     return true;
@@ -175,6 +178,7 @@ bool GradScaler::step(Optimizer& optimizer) {
 }
 
 void GradScaler::update(std::optional<double> new_scale) {
+  memory::PhaseScope optimizer_phase(memory::Phase::Optimizer);
   if (!options_.enabled) return;
   const char* op = "GradScaler::update";
   EMBER_CHECK(scale_.defined(), ValueError, op, ": no scale yet; call scale(loss) first");

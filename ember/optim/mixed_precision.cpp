@@ -10,6 +10,7 @@
 #include "ember/autograd/functions.h"
 #include "ember/core/grad_mode.h"
 #include "ember/kernels/ops.h"
+#include "ember/memory/tags.h"
 
 namespace ember::optim {
 
@@ -45,6 +46,7 @@ MixedPrecisionOptimizer::MixedPrecisionOptimizer(std::vector<ParamGroup> groups,
               ": dtype must be f16 or bf16, got ", dtype_name(options_.dtype));
   if (uses_scaling(options_)) detail::check_scaler_options(kWho, options_.scaler);
   EMBER_CHECK(make_optimizer != nullptr, ValueError, kWho, ": no optimizer factory");
+  memory::PhaseScope optimizer_phase(memory::Phase::Optimizer);  // the f32 masters are optimizer state
   NoGradGuard no_grad;
   std::set<const TensorImpl*> seen;
   std::vector<ParamGroup> master_groups;
@@ -93,6 +95,7 @@ Tensor MixedPrecisionOptimizer::scale_loss(const Tensor& loss) {
 void MixedPrecisionOptimizer::backward(const Tensor& loss) { scale_loss(loss).backward(); }
 
 void MixedPrecisionOptimizer::unscale_() {
+  memory::PhaseScope optimizer_phase(memory::Phase::Optimizer);
   EMBER_CHECK(!unscaled_, ValueError, kWho, "::unscale_: unscale_() has already been called since the last step()");
   NoGradGuard no_grad;
   found_inf_.zero_();
@@ -138,6 +141,7 @@ void MixedPrecisionOptimizer::unscale_() {
 }
 
 bool MixedPrecisionOptimizer::step() {
+  memory::PhaseScope optimizer_phase(memory::Phase::Optimizer);
   if (!unscaled_) unscale_();
   // Whatever happens below (an inner optimizer that throws), the next step starts with a fresh unscale_ of the next
   // backward's gradients: this step's model gradients were consumed above.
@@ -160,6 +164,7 @@ bool MixedPrecisionOptimizer::step() {
 }
 
 void MixedPrecisionOptimizer::zero_grad(bool set_to_none) {
+  memory::PhaseScope optimizer_phase(memory::Phase::Optimizer);
   unscaled_ = false;  // cleared gradients: whatever was unscaled is gone, the next step unscales afresh
   inner_->zero_grad(set_to_none);  // the inner optimizer's parameters are the masters
   NoGradGuard no_grad;
@@ -230,6 +235,7 @@ void MixedPrecisionOptimizer::load_scaler_state_dict(const StateDict& entries) {
 }
 
 void MixedPrecisionOptimizer::load_state_dict(const StateDict& dict) {
+  memory::PhaseScope optimizer_phase(memory::Phase::Optimizer);
   const std::string who = std::string(kWho) + "::load_state_dict";
   const int64_t n = static_cast<int64_t>(masters_.size());
   StateDict inner_entries, scaler_entries;

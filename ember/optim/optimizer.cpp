@@ -7,6 +7,7 @@
 #include <set>
 
 #include "ember/core/grad_mode.h"
+#include "ember/memory/tags.h"
 
 namespace ember::optim {
 
@@ -103,6 +104,7 @@ int64_t Optimizer::num_parameters() const {
 }
 
 void Optimizer::zero_grad(bool set_to_none) {
+  memory::PhaseScope optimizer_phase(memory::Phase::Optimizer);
   NoGradGuard no_grad;
   for (const ParamGroup& g : groups_)
     for (const Tensor& p : g.params) {
@@ -169,6 +171,7 @@ bool starts_with(const std::string& s, const std::string& prefix) { return s.com
 }  // namespace
 
 void Optimizer::load_state_dict(const StateDict& dict) {
+  memory::PhaseScope optimizer_phase(memory::Phase::Optimizer);
   const char* op = "load_state_dict";
   const std::vector<Tensor> flat = parameters();
   const int64_t n_params = static_cast<int64_t>(flat.size()), n_groups = static_cast<int64_t>(groups_.size());

@@ -4,6 +4,7 @@
 
 #include "ember/core/grad_mode.h"
 #include "ember/kernels/ops.h"
+#include "ember/memory/tags.h"
 
 namespace ember::optim {
 
@@ -42,6 +43,7 @@ Optimizer::StateSpec SGD::state_spec(const std::string& key, const Tensor& param
 }
 
 void SGD::step() {
+  memory::PhaseScope optimizer_phase(memory::Phase::Optimizer);
   NoGradGuard no_grad;
   for (const ParamGroup& group : param_groups()) {
     const SGDOptions o = from_group_options(group.options);
