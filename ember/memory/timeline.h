@@ -17,6 +17,7 @@ struct TimelineOptions {
   std::string title = "ember memory timeline";
   int64_t max_series = 12;        // the largest owners get their own band; the rest are summed into "other owners"
   int64_t max_peak_rows = 200;    // allocations listed at the peak (largest first)
+  bool time_axis = false;         // x = event time (when the events carry increasing times) instead of event index
 };
 
 // The page for `events` (as CachingAllocator::trace() returns them, or read_trace_jsonl). ValueError when the
@@ -29,6 +30,16 @@ struct TimelinePeak {
   int64_t allocated = 0;       // allocated bytes then (sum of the live allocations' block sizes)
   int64_t live_allocations = 0;
 };
+// {-1, 0, 0} when the trace holds no alloc event.
 TimelinePeak timeline_peak(const std::vector<TraceEvent>& events);
+
+// The owners of the allocations alive at the peak, most bytes first (ties by name). An owner is a tag name
+// ("GPT.blocks.0.attn/forward"); untagged allocations belong to "(untagged)". Empty without alloc events.
+struct OwnerBytes {
+  std::string owner;
+  int64_t bytes = 0;        // block sizes summed
+  int64_t allocations = 0;  // live allocations
+};
+std::vector<OwnerBytes> timeline_owners_at_peak(const std::vector<TraceEvent>& events);
 
 }  // namespace ember::memory

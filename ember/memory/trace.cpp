@@ -1,13 +1,16 @@
 // The allocator trace: the ring buffer, JSON Lines export/import (docs/memory-trace.md), the Chrome trace-event
-// export, and replay through a fresh CachingAllocator over an address-only simulated device.
-// Invariant: write_trace_jsonl then read_trace_jsonl gives back every field of every event (tags by name), and a
-// line the reader accepts always has action, id, size and stream.
+// export and its read-back, trace files of either format, and replay through a fresh CachingAllocator over an
+// address-only simulated device. Invariant: writing events in either format and reading them back gives every field
+// of every event (tags by name), and an event the readers accept always has action, id, size and stream.
 #include "ember/memory/trace.h"
 
 #include <algorithm>
+#include <filesystem>
+#include <fstream>
 #include <istream>
 #include <limits>
 #include <ostream>
+#include <sstream>
 #include <unordered_map>
 #include <utility>
 
@@ -106,34 +109,54 @@ TraceAction parse_trace_action(const std::string& s) {
 
 // ---- JSON Lines ----------------------------------------------------------------------------------------------------
 
+namespace {
+
+// The JSON Lines object of one event (also the elements of a Chrome file's "emberEvents").
+ordered_json event_json(const TraceEvent& e) {
+  ordered_json j;
+  j["action"] = trace_action_name(e.action);
+  j["id"] = e.id;
+  j["size"] = e.size;
+  j["stream"] = e.stream;
+  j["block_size"] = e.block_size;
+  j["addr"] = e.addr;
+  j["time_ns"] = e.time_ns;
+  j["allocated"] = e.allocated;
+  j["reserved"] = e.reserved;
+  if (e.tag != kUntagged) j["tag"] = tag_name(e.tag);
+  if (e.action == TraceAction::Annotate) j["note"] = e.note;
+  return j;
+}
+
+std::string dump(const ordered_json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
+
+}  // namespace
+
 void write_trace_jsonl(const std::vector<TraceEvent>& events, std::ostream& out) {
-  for (const TraceEvent& e : events) {
-    ordered_json j;
-    j["action"] = trace_action_name(e.action);
-    j["id"] = e.id;
-    j["size"] = e.size;
-    j["stream"] = e.stream;
-    j["block_size"] = e.block_size;
-    j["addr"] = e.addr;
-    j["time_ns"] = e.time_ns;
-    j["allocated"] = e.allocated;
-    j["reserved"] = e.reserved;
-    if (e.tag != kUntagged) j["tag"] = tag_name(e.tag);
-    if (e.action == TraceAction::Annotate) j["note"] = e.note;
-    out << j.dump(-1, ' ', false, json::error_handler_t::replace) << '\n';
-  }
+  for (const TraceEvent& e : events) out << dump(event_json(e)) << '\n';
 }
 
 namespace {
 
-// Reads one line's object; every failure names the line.
-class LineReader {
- public:
-  LineReader(const json& j, int64_t line) : j_(j), line_(line) {}
-
-  [[noreturn]] void fail(const std::string& what) const {
-    EMBER_THROW(FormatError, "read_trace_jsonl: line ", line_, ": ", what);
+// Where an object is, for messages: "<source>: line 3", "<source>: emberEvents[7]", "<source>: otherData". The text
+// is only put together when something fails.
+struct Where {
+  const std::string& source;
+  const char* label;  // "line", "emberEvents" or "otherData"
+  int64_t index = -1;  // -1: none
+  std::string str() const {
+    if (index < 0) return detail::concat(source, ": ", label);
+    if (label[0] == 'l') return detail::concat(source, ": ", label, " ", index);
+    return detail::concat(source, ": ", label, "[", index, "]");
   }
+};
+
+// Reads one event object; every failure names where it is.
+class EventReader {
+ public:
+  EventReader(const json& j, Where where) : j_(j), where_(where) {}
+
+  [[noreturn]] void fail(const std::string& what) const { EMBER_THROW(FormatError, where_.str(), ": ", what); }
 
   // The value of `key`, or nullptr when it is absent (or null and optional).
   const json* find(const char* key, bool required) const {
@@ -179,18 +202,41 @@ class LineReader {
     return true;
   }
 
+  TraceEvent read() const {
+    if (!j_.is_object()) fail("expected a JSON object, got " + std::string(j_.type_name()));
+    TraceEvent e;
+    std::string action;
+    get_string("action", true, action);
+    try {
+      e.action = parse_trace_action(action);
+    } catch (const FormatError& err) {
+      fail(err.what());
+    }
+    get_u64("id", true, e.id);
+    get_i64("size", true, true, e.size);
+    get_u64("stream", true, e.stream);
+    get_i64("block_size", false, true, e.block_size);
+    get_u64("addr", false, e.addr);
+    get_i64("time_ns", false, false, e.time_ns);
+    get_i64("allocated", false, true, e.allocated);
+    get_i64("reserved", false, true, e.reserved);
+    std::string tag;
+    if (get_string("tag", false, tag)) e.tag = intern_tag(tag);
+    get_string("note", false, e.note);
+    return e;
+  }
+
  private:
   const json& j_;
-  int64_t line_;
+  Where where_;
 };
 
 bool is_blank(const std::string& s) {
   return std::all_of(s.begin(), s.end(), [](unsigned char c) { return c == ' ' || c == '\t' || c == '\r'; });
 }
 
-}  // namespace
-
-std::vector<TraceEvent> read_trace_jsonl(std::istream& in) {
+// JSON Lines from `in`; errors read "<source>: line N: ...".
+std::vector<TraceEvent> read_jsonl(std::istream& in, const std::string& source) {
   std::vector<TraceEvent> events;
   std::string text;
   int64_t line = 0;
@@ -201,61 +247,101 @@ std::vector<TraceEvent> read_trace_jsonl(std::istream& in) {
     try {
       j = json::parse(text);
     } catch (const json::parse_error& e) {
-      EMBER_THROW(FormatError, "read_trace_jsonl: line ", line, ": malformed JSON at column ", e.byte);
+      EMBER_THROW(FormatError, source, ": line ", line, ": malformed JSON at column ", e.byte);
     } catch (const json::exception& e) {  // e.g. a number out of range
-      EMBER_THROW(FormatError, "read_trace_jsonl: line ", line, ": ", e.what());
+      EMBER_THROW(FormatError, source, ": line ", line, ": ", e.what());
     }
-    LineReader r(j, line);
-    if (!j.is_object()) r.fail("expected a JSON object, got " + std::string(j.type_name()));
-
-    TraceEvent e;
-    std::string action;
-    r.get_string("action", true, action);
-    try {
-      e.action = parse_trace_action(action);
-    } catch (const FormatError& err) {
-      r.fail(err.what());
-    }
-    r.get_u64("id", true, e.id);
-    r.get_i64("size", true, true, e.size);
-    r.get_u64("stream", true, e.stream);
-    r.get_i64("block_size", false, true, e.block_size);
-    r.get_u64("addr", false, e.addr);
-    r.get_i64("time_ns", false, false, e.time_ns);
-    r.get_i64("allocated", false, true, e.allocated);
-    r.get_i64("reserved", false, true, e.reserved);
-    std::string tag;
-    if (r.get_string("tag", false, tag)) e.tag = intern_tag(tag);
-    r.get_string("note", false, e.note);
-    events.push_back(std::move(e));
+    events.push_back(EventReader(j, Where{source, "line", line}).read());
   }
-  if (in.bad()) EMBER_THROW(FormatError, "read_trace_jsonl: read error after line ", line);
+  if (in.bad()) EMBER_THROW(FormatError, source, ": read error after line ", line);
   return events;
 }
+
+}  // namespace
+
+std::vector<TraceEvent> read_trace_jsonl(std::istream& in) { return read_jsonl(in, "read_trace_jsonl"); }
 
 // ---- Chrome trace --------------------------------------------------------------------------------------------------
 // Note [Chrome trace times]: events carry steady-clock nanoseconds; the trace-event format wants microseconds. A trace
 // with no times at all (every time_ns 0, as in files written by tools that record only alloc/free) is laid out one
 // microsecond per event, so its counter tracks still show each step instead of one point at t = 0.
+//
+// Note [Phase and module slices]: only alloc and free events form slices. A run is a maximal sequence of consecutive
+// alloc/free events (other actions in between neither break nor join runs) whose tags share a phase (the "phase"
+// track) or a module (the "module" track). A run's slice starts at its first event and ends where the next run
+// starts; the last run ends at the trace's last event. Untagged events form runs named "untagged".
 
-void write_chrome_trace(const std::vector<TraceEvent>& events, std::ostream& out) {
-  constexpr int kPid = 1, kTid = 1;
+TagParts split_tag_name(const std::string& name) {
+  if (name.empty()) return {};
+  const size_t slash = name.rfind('/');
+  if (slash == std::string::npos) return {name, "other"};
+  return {name.substr(0, slash), name.substr(slash + 1)};
+}
+
+namespace {
+
+constexpr int kPid = 1, kEventsTid = 1, kPhaseTid = 2, kModuleTid = 3;
+
+struct Slice {
+  std::string name;
+  size_t first = 0, last = 0;  // event indices of the run's first and last alloc/free
+  int64_t allocs = 0, frees = 0;
+};
+
+// Runs of consecutive alloc/free events with the same key (Note [Phase and module slices]); key(i) names event i's.
+template <class Key>
+std::vector<Slice> runs_of(const std::vector<TraceEvent>& events, Key&& key) {
+  std::vector<Slice> out;
+  for (size_t i = 0; i < events.size(); ++i) {
+    const TraceAction a = events[i].action;
+    if (a != TraceAction::Alloc && a != TraceAction::Free) continue;
+    const std::string& name = key(i);
+    if (out.empty() || out.back().name != name) out.push_back(Slice{name, i, i, 0, 0});
+    Slice& s = out.back();
+    s.last = i;
+    (a == TraceAction::Alloc ? s.allocs : s.frees) += 1;
+  }
+  return out;
+}
+
+}  // namespace
+
+void write_chrome_trace(const std::vector<TraceEvent>& events, std::ostream& out, const TraceFileOptions& options) {
   const bool no_times =
       std::all_of(events.begin(), events.end(), [](const TraceEvent& e) { return e.time_ns == 0; });
-  auto dump = [](const ordered_json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); };
+  auto ts_of = [&](size_t i) {
+    return no_times ? static_cast<double>(i) : static_cast<double>(events[i].time_ns) / 1000.0;
+  };
 
   out << "{\"traceEvents\":[\n";
-  ordered_json meta = {{"name", "process_name"}, {"ph", "M"}, {"pid", kPid}, {"tid", kTid},
+  ordered_json meta = {{"name", "process_name"}, {"ph", "M"}, {"pid", kPid}, {"tid", kEventsTid},
                        {"args", {{"name", "ember allocator"}}}};
   out << dump(meta);
-  meta["name"] = "thread_name";
-  meta["args"] = {{"name", "allocator events"}};
-  out << ",\n" << dump(meta);
+  const std::pair<int, const char*> threads[] = {
+      {kEventsTid, "allocator events"}, {kPhaseTid, "phase"}, {kModuleTid, "module"}};
+  for (const auto& [tid, name] : threads) {
+    ordered_json t = {{"name", "thread_name"}, {"ph", "M"}, {"pid", kPid}, {"tid", tid}, {"args", {{"name", name}}}};
+    out << ",\n" << dump(t);
+  }
+
+  // Tag names are looked up and split once per tag (tag_name takes a lock); empty parts read "untagged".
+  std::unordered_map<TagId, TagParts> parts;
+  auto parts_of = [&](size_t i) -> const TagParts& {
+    const TagId tag = events[i].tag;
+    auto it = parts.find(tag);
+    if (it == parts.end()) {
+      TagParts p = split_tag_name(tag_name(tag));
+      if (p.module.empty()) p.module = "untagged";
+      if (p.phase.empty()) p.phase = "untagged";
+      it = parts.emplace(tag, std::move(p)).first;
+    }
+    return it->second;
+  };
 
   for (size_t i = 0; i < events.size(); ++i) {
     const TraceEvent& e = events[i];
-    const double ts = no_times ? static_cast<double>(i) : static_cast<double>(e.time_ns) / 1000.0;
-    ordered_json c = {{"name", "memory"}, {"ph", "C"}, {"ts", ts}, {"pid", kPid}, {"tid", kTid},
+    const double ts = ts_of(i);
+    ordered_json c = {{"name", "memory"}, {"ph", "C"}, {"ts", ts}, {"pid", kPid}, {"tid", kEventsTid},
                       {"args", {{"allocated", e.allocated}, {"reserved", e.reserved}}}};
     out << ",\n" << dump(c);
     if (e.action == TraceAction::Oom || e.action == TraceAction::Annotate) {
@@ -263,10 +349,10 @@ void write_chrome_trace(const std::vector<TraceEvent>& events, std::ostream& out
       ordered_json inst = {{"name", oom ? std::string("oom") : (e.note.empty() ? std::string("annotate") : e.note)},
                            {"cat", trace_action_name(e.action)},
                            {"ph", "i"},
-                           {"s", "p"},
+                           {"s", oom ? "g" : "p"},  // an OOM is drawn across every track
                            {"ts", ts},
                            {"pid", kPid},
-                           {"tid", kTid}};
+                           {"tid", kEventsTid}};
       ordered_json args = ordered_json::object();
       if (oom) {
         args["size"] = e.size;
@@ -281,7 +367,131 @@ void write_chrome_trace(const std::vector<TraceEvent>& events, std::ostream& out
       out << ",\n" << dump(inst);
     }
   }
-  out << "\n]}\n";
+
+  for (const int tid : {kPhaseTid, kModuleTid}) {
+    const std::vector<Slice> runs = runs_of(events, [&](size_t i) -> const std::string& {
+      return tid == kPhaseTid ? parts_of(i).phase : parts_of(i).module;
+    });
+    for (size_t r = 0; r < runs.size(); ++r) {
+      const double start = ts_of(runs[r].first);
+      const double end = r + 1 < runs.size() ? ts_of(runs[r + 1].first) : ts_of(events.size() - 1);
+      ordered_json x = {{"name", runs[r].name},
+                        {"cat", tid == kPhaseTid ? "phase" : "module"},
+                        {"ph", "X"},
+                        {"ts", start},
+                        {"dur", std::max(0.0, end - start)},
+                        {"pid", kPid},
+                        {"tid", tid},
+                        {"args",
+                         {{"allocs", runs[r].allocs},
+                          {"frees", runs[r].frees},
+                          {"first_event", runs[r].first},
+                          {"last_event", runs[r].last}}}};
+      out << ",\n" << dump(x);
+    }
+  }
+
+  out << "\n],\"displayTimeUnit\":\"ns\",\"emberEvents\":[";
+  for (size_t i = 0; i < events.size(); ++i) out << (i ? ",\n" : "\n") << dump(event_json(events[i]));
+  ordered_json other = {{"alloc_conf", options.alloc_conf}, {"allocator", options.allocator}};
+  out << "\n],\"otherData\":" << dump(other) << "}\n";
+}
+
+// ---- trace files ---------------------------------------------------------------------------------------------------
+// Note [Trace file detection]: a Chrome file is one JSON object with "traceEvents" or "emberEvents"; a JSON Lines file
+// is one object per line (a one-line file is both a JSON document and a JSON Lines file: it has "action", not
+// "traceEvents"). A file whose whole text is not one JSON document is read as JSON Lines, unless its first line opens
+// a Chrome file, which then is malformed (for example cut short).
+
+namespace {
+
+TraceFile read_chrome_doc(const json& doc, const std::string& source) {
+  TraceFile f;
+  f.format = "chrome";
+  f.has_options = true;
+  auto ember = doc.find("emberEvents");
+  if (ember == doc.end())
+    EMBER_THROW(FormatError, source, ": a Chrome trace without \"emberEvents\" (it was not written by ember's "
+                "write_chrome_trace, or by an older version); ember reads its own Chrome traces and JSON Lines");
+  if (!ember->is_array())
+    EMBER_THROW(FormatError, source, ": \"emberEvents\" must be an array, got ", ember->type_name());
+  f.events.reserve(ember->size());
+  for (size_t i = 0; i < ember->size(); ++i)
+    f.events.push_back(EventReader((*ember)[i], Where{source, "emberEvents", static_cast<int64_t>(i)}).read());
+  if (auto other = doc.find("otherData"); other != doc.end() && !other->is_null()) {
+    if (!other->is_object())
+      EMBER_THROW(FormatError, source, ": \"otherData\" must be an object, got ", other->type_name());
+    const EventReader r(*other, Where{source, "otherData"});
+    r.get_string("alloc_conf", false, f.options.alloc_conf);
+    r.get_string("allocator", false, f.options.allocator);
+    try {
+      parse_alloc_config(f.options.alloc_conf);  // validated here, before any caller uses it
+    } catch (const ConfigError& e) {
+      EMBER_THROW(FormatError, source, ": otherData.alloc_conf: ", e.what());
+    }
+  }
+  return f;
+}
+
+}  // namespace
+
+TraceFile parse_trace_text(const std::string& text, const std::string& source) {
+  size_t begin = text.compare(0, 3, "\xEF\xBB\xBF") == 0 ? 3 : 0;  // a UTF-8 byte-order mark
+  begin = text.find_first_not_of(" \t\r\n", begin);
+  if (begin == std::string::npos) return TraceFile{{}, {}, false, "jsonl"};  // an empty trace
+  if (text[begin] != '{')
+    EMBER_THROW(FormatError, source, ": not a trace file: expected JSON Lines (one event object per line) or a "
+                "Chrome trace written by ember (a JSON object with \"emberEvents\")");
+  json doc;
+  bool whole = true;
+  try {
+    doc = json::parse(text.begin() + static_cast<std::ptrdiff_t>(begin), text.end());
+  } catch (const json::parse_error& e) {
+    whole = false;
+    const size_t eol = text.find('\n', begin);
+    const std::string first = text.substr(begin, eol == std::string::npos ? std::string::npos : eol - begin);
+    const bool first_line_is_json = json::accept(first);
+    if (!first_line_is_json && first.find("\"traceEvents\"") != std::string::npos)
+      EMBER_THROW(FormatError, source, ": malformed Chrome trace JSON at byte ", begin + e.byte);
+  } catch (const json::exception& e) {
+    EMBER_THROW(FormatError, source, ": ", e.what());
+  }
+  if (whole && doc.is_object() && (doc.contains("traceEvents") || doc.contains("emberEvents")))
+    return read_chrome_doc(doc, source);
+  std::istringstream in(text.substr(begin));
+  return TraceFile{read_jsonl(in, source), {}, false, "jsonl"};
+}
+
+TraceFile load_trace_file(const std::string& path) {
+  std::error_code ec;
+  EMBER_CHECK(!std::filesystem::is_directory(path, ec), ValueError, "cannot read trace file ", path,
+              ": it is a directory");
+  std::ifstream in(path, std::ios::binary);
+  EMBER_CHECK(in.is_open(), ValueError, "cannot read trace file ", path, ": no such file or no permission");
+  std::ostringstream text;
+  text << in.rdbuf();
+  EMBER_CHECK(!in.bad(), ValueError, "cannot read trace file ", path, ": read error");
+  return parse_trace_text(text.str(), path);
+}
+
+std::vector<TraceEvent> read_trace_file(const std::string& path, std::string* alloc_conf) {
+  TraceFile f = load_trace_file(path);
+  if (alloc_conf) *alloc_conf = f.options.alloc_conf;
+  return std::move(f.events);
+}
+
+void write_trace_file(const std::string& path, const std::vector<TraceEvent>& events,
+                      const TraceFileOptions& options) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  EMBER_CHECK(out.is_open(), ValueError, "cannot write trace file ", path);
+  const bool jsonl = path.size() >= 6 && path.compare(path.size() - 6, 6, ".jsonl") == 0;
+  if (jsonl) {
+    write_trace_jsonl(events, out);
+  } else {
+    write_chrome_trace(events, out, options);
+  }
+  out.flush();
+  EMBER_CHECK(out.good(), ValueError, "cannot write trace file ", path, ": write error");
 }
 
 // ---- replay --------------------------------------------------------------------------------------------------------

@@ -1,7 +1,8 @@
 // The allocator's event trace: a bounded ring of alloc/free/segment/oom/annotate events, exported as JSON Lines
-// (docs/memory-trace.md) or as a Chrome trace with allocated/reserved counter tracks (opens in Perfetto), and
-// replayed through a fresh allocator under another configuration.
-// Invariant: a trace holding only `alloc`/`free` events with id, size and stream is a complete replay input.
+// (docs/memory-trace.md) or as a Chrome trace (counter tracks, phase/module slices; opens in Perfetto) that also
+// embeds the raw events, read back from either file format, and replayed through a fresh allocator under another
+// configuration. Invariant: a trace holding only `alloc`/`free` events with id, size and stream is a complete
+// replay input, and both file formats read back to the events written.
 #pragma once
 
 #include <atomic>
@@ -69,8 +70,46 @@ void write_trace_jsonl(const std::vector<TraceEvent>& events, std::ostream& out)
 // Reads JSON Lines; FormatError naming the line number on malformed input. Unknown keys are ignored; missing
 // optional keys default to 0.
 std::vector<TraceEvent> read_trace_jsonl(std::istream& in);
-// Chrome trace-event format: counter tracks "allocated" and "reserved", instant events for OOMs and annotations.
-void write_chrome_trace(const std::vector<TraceEvent>& events, std::ostream& out);
+
+// The parts of a tag name "MODULE/PHASE", split at the last '/': "GPT.blocks.0.attn/forward" -> {"GPT.blocks.0.attn",
+// "forward"}. A name without '/' is a module of phase "other"; the untagged name "" gives {"", ""}.
+struct TagParts {
+  std::string module;
+  std::string phase;
+};
+TagParts split_tag_name(const std::string& name);
+
+// What a trace file records about the allocator that produced it (the Chrome file's "otherData").
+struct TraceFileOptions {
+  std::string alloc_conf;  // its configuration as an EMBER_ALLOC_CONF string (AllocatorConfig::str(); "" = defaults)
+  std::string allocator;   // its name
+};
+
+// Chrome trace-event format (docs/memory-trace.md): counter tracks "allocated" and "reserved"; complete-event
+// slices on a "phase" track and a "module" track (maximal runs of consecutive alloc/free events with the same
+// phase / module); global instant events for OOMs and process instants for annotations; and, for read-back, the
+// raw events as "emberEvents" (the JSON Lines objects) with the options in "otherData".
+void write_chrome_trace(const std::vector<TraceEvent>& events, std::ostream& out,
+                        const TraceFileOptions& options = {});
+
+// A trace file read back: its events, what it says about the recording allocator, and its format.
+struct TraceFile {
+  std::vector<TraceEvent> events;
+  TraceFileOptions options;
+  bool has_options = false;  // true for Chrome files (JSON Lines carry no options)
+  std::string format;        // "jsonl" or "chrome"
+};
+// Parses the text of a JSON Lines or ember Chrome trace file; `source` names it in errors. FormatError (naming the
+// source) for anything else, including an otherData.alloc_conf that parse_alloc_config rejects.
+TraceFile parse_trace_text(const std::string& text, const std::string& source);
+// Reads the file at `path` (ValueError when it cannot be read) and parses it as parse_trace_text does.
+TraceFile load_trace_file(const std::string& path);
+// load_trace_file's events; `alloc_conf` (when given) receives the recorded configuration ("" for JSON Lines).
+std::vector<TraceEvent> read_trace_file(const std::string& path, std::string* alloc_conf = nullptr);
+// Writes JSON Lines when `path` ends in ".jsonl" (the options are not stored), else Chrome JSON. ValueError when the
+// file cannot be written.
+void write_trace_file(const std::string& path, const std::vector<TraceEvent>& events,
+                      const TraceFileOptions& options = {});
 
 struct ReplayResult {
   int64_t peak_allocated = 0;
