@@ -1,0 +1,200 @@
+# End-to-end tests of `ember train` and `ember info` (label tools). Included from tools/CMakeLists.txt, this file
+# registers the tests; run with `cmake -P` it is their checker: it runs `ember` and checks the exit status, the one-line
+# error, the JSON object on stdout's last line, output patterns and written files. Every run is a few steps on
+# generated data, so the whole file stays within seconds on two cores.
+#
+# Checker variables (-D...): EMBER (the program), ARGS (its arguments, space-separated), MODE (run | error | resume),
+#   EXPECT  space-separated checks of the JSON's keys: key=number|string|null|bool|any|<exact value>; a dotted key
+#           walks into objects (build.cuda=bool)
+#   MATCH   a regular expression the combined output must contain
+#   FILES   space-separated FILE:TEXT pairs: the file must exist and contain TEXT
+#   RESUME_ARGS (resume) the second run's arguments; its JSON is checked with EXPECT
+#   REJECT_ARGS, REJECT_MATCH (resume) a third run that must fail with one line matching REJECT_MATCH
+
+if(CMAKE_SCRIPT_MODE_FILE)
+  separate_arguments(_args UNIX_COMMAND "${ARGS}")
+  macro(_run_ember out_var err_var rc_var)
+    execute_process(COMMAND ${EMBER} ${ARGN} OUTPUT_VARIABLE ${out_var} ERROR_VARIABLE ${err_var}
+                    RESULT_VARIABLE ${rc_var} TIMEOUT 600)
+  endmacro()
+  function(_check_json out)
+    string(STRIP "${out}" _trimmed)
+    string(REGEX REPLACE "^.*\n" "" _last "${_trimmed}")
+    string(JSON _type ERROR_VARIABLE _jerr TYPE "${_last}")
+    if(_jerr OR NOT _type STREQUAL "OBJECT")
+      message(FATAL_ERROR "stdout's last line is not a JSON object: '${_last}'")
+    endif()
+    separate_arguments(_checks UNIX_COMMAND "${EXPECT}")
+    foreach(_check IN LISTS _checks)
+      string(FIND "${_check}" "=" _eq)
+      string(SUBSTRING "${_check}" 0 ${_eq} _key)
+      math(EXPR _from "${_eq} + 1")
+      string(SUBSTRING "${_check}" ${_from} -1 _want)
+      string(REPLACE "." ";" _path "${_key}")
+      string(JSON _t ERROR_VARIABLE _jerr TYPE "${_last}" ${_path})
+      if(_jerr)
+        message(FATAL_ERROR "JSON has no key '${_key}': ${_last}")
+      endif()
+      if(_want STREQUAL "any")
+        continue()
+      elseif(_want STREQUAL "number" OR _want STREQUAL "string" OR _want STREQUAL "null" OR _want STREQUAL "bool")
+        string(TOUPPER "${_want}" _w)
+        if(_w STREQUAL "BOOL")
+          set(_w BOOLEAN)
+        endif()
+        if(NOT _t STREQUAL _w)
+          message(FATAL_ERROR "JSON key '${_key}' is ${_t}, expected ${_want}: ${_last}")
+        endif()
+      else()
+        string(JSON _v GET "${_last}" ${_path})
+        if(NOT _v STREQUAL _want)
+          message(FATAL_ERROR "JSON key '${_key}' is '${_v}', expected '${_want}': ${_last}")
+        endif()
+      endif()
+    endforeach()
+  endfunction()
+
+  if(MODE STREQUAL "error")
+    _run_ember(_out _err _rc ${_args})
+    if(NOT (_rc STREQUAL "1" OR _rc STREQUAL "2"))
+      message(FATAL_ERROR "expected exit status 1 or 2, got '${_rc}'\nstdout: ${_out}\nstderr: ${_err}")
+    endif()
+    if(NOT _err MATCHES "^ember: [^\n]+\n$")
+      message(FATAL_ERROR "expected one line 'ember: <message>' on stderr, got:\n${_err}")
+    endif()
+    if(DEFINED MATCH AND NOT _err MATCHES "${MATCH}")
+      message(FATAL_ERROR "the message does not match '${MATCH}': ${_err}")
+    endif()
+    message(STATUS "${_err}")
+  elseif(MODE STREQUAL "resume")
+    _run_ember(_out _err _rc ${_args})
+    if(NOT _rc STREQUAL "0")
+      message(FATAL_ERROR "the first run failed (${_rc}):\n${_out}\n${_err}")
+    endif()
+    separate_arguments(_args2 UNIX_COMMAND "${RESUME_ARGS}")
+    _run_ember(_out _err _rc ${_args2})
+    if(NOT _rc STREQUAL "0")
+      message(FATAL_ERROR "the resumed run failed (${_rc}):\n${_out}\n${_err}")
+    endif()
+    _check_json("${_out}")
+    if(DEFINED MATCH AND NOT "${_out}${_err}" MATCHES "${MATCH}")
+      message(FATAL_ERROR "the output does not match '${MATCH}':\n${_out}\n${_err}")
+    endif()
+    if(DEFINED REJECT_ARGS)  # a run that must refuse the checkpoint with one line
+      separate_arguments(_args3 UNIX_COMMAND "${REJECT_ARGS}")
+      _run_ember(_out _err _rc ${_args3})
+      if(NOT _rc STREQUAL "1" OR NOT _err MATCHES "^ember: [^\n]+\n$" OR NOT _err MATCHES "${REJECT_MATCH}")
+        message(FATAL_ERROR "expected exit status 1 and one line matching '${REJECT_MATCH}', got ${_rc}: ${_err}")
+      endif()
+    endif()
+  else()
+    _run_ember(_out _err _rc ${_args})
+    if(NOT _rc STREQUAL "0")
+      message(FATAL_ERROR "exit status ${_rc}:\n${_out}\n${_err}")
+    endif()
+    if(DEFINED EXPECT)
+      _check_json("${_out}")
+    endif()
+    if(DEFINED MATCH AND NOT "${_out}${_err}" MATCHES "${MATCH}")
+      message(FATAL_ERROR "the output does not match '${MATCH}':\n${_out}\n${_err}")
+    endif()
+    separate_arguments(_files UNIX_COMMAND "${FILES}")
+    foreach(_pair IN LISTS _files)
+      string(REGEX REPLACE ":[^:]*$" "" _file "${_pair}")
+      string(REGEX REPLACE "^.*:" "" _text "${_pair}")
+      if(NOT EXISTS "${_file}")
+        message(FATAL_ERROR "${_file} was not written")
+      endif()
+      file(READ "${_file}" _content)
+      string(FIND "${_content}" "${_text}" _at)
+      if(_at LESS 0)
+        message(FATAL_ERROR "${_file} does not contain '${_text}'")
+      endif()
+    endforeach()
+  endif()
+  return()
+endif()
+
+set(_train_dir ${CMAKE_CURRENT_BINARY_DIR}/train_tests)
+file(MAKE_DIRECTORY ${_train_dir})
+# ember_train_test(NAME MODE ARGS [EXPECT ...] [MATCH ...] [FILES ...] [RESUME_ARGS ...]
+#                  [REJECT_ARGS ... REJECT_MATCH ...])
+function(ember_train_test name mode args)
+  cmake_parse_arguments(T "" "EXPECT;MATCH;FILES;RESUME_ARGS;REJECT_ARGS;REJECT_MATCH" "" ${ARGN})
+  set(_defs -DEMBER=$<TARGET_FILE:ember_cli> -DMODE=${mode} "-DARGS=${args}")
+  foreach(_var EXPECT MATCH FILES RESUME_ARGS REJECT_ARGS REJECT_MATCH)
+    if(DEFINED T_${_var})
+      list(APPEND _defs "-D${_var}=${T_${_var}}")
+    endif()
+  endforeach()
+  add_test(NAME tools.${name} COMMAND ${CMAKE_COMMAND} ${_defs} -P ${CMAKE_CURRENT_FUNCTION_LIST_FILE}
+           WORKING_DIRECTORY ${_train_dir})
+  set_tests_properties(tools.${name} PROPERTIES LABELS tools)
+endfunction()
+
+set(_common_json "peak_allocated_bytes=number peak_reserved_bytes=number samples_per_s=number final_loss=number")
+set(_tiny_gpt
+  "--model char-gpt --synthetic --n-layer 1 --n-head 2 --n-embd 32 --block-size 16 --batch-size 4 --eval-iters 1")
+
+# The two recipes and the standard tasks, a few steps each, with the report's JSON keys.
+ember_train_test(train_mnist_cnn_json run
+  "train --model mnist-cnn --synthetic --steps 3 --batch-size 16 --max-test 64 --json"
+  EXPECT "model=mnist-cnn device=cpu amp=none steps=3 batch_size=16 test_accuracy=number val_loss=null ${_common_json}"
+  MATCH "test accuracy .*allocator: allocated .*peak allocated")
+ember_train_test(train_char_gpt_json run "train ${_tiny_gpt} --steps 3 --json"
+  EXPECT "model=char-gpt steps=3 batch_size=4 val_loss=number train_loss=number test_accuracy=null ${_common_json}"
+  MATCH "val loss")
+ember_train_test(train_gpt_checkpoint_sqrt run "train --model gpt --steps 2 --checkpoint sqrt --json"
+  EXPECT "model=gpt checkpoint=sqrt steps=2 batch_size=12 ${_common_json}"
+  MATCH "recompute")
+ember_train_test(train_grad_accum run "train --model mlp --steps 2 --batch-size 32 --grad-accum 2 --json"
+  EXPECT "model=mlp grad_accum=2 micro_batch=16 batch_size=32 steps=2 ${_common_json}")
+ember_train_test(train_amp_bf16 run "train --model gpt --steps 2 --amp bf16 --json"
+  EXPECT "model=gpt amp=bf16 steps=2 ${_common_json}")
+# --batch-size auto on a simulated 64 MiB device: the search's table and the chosen batch with its reason.
+ember_train_test(train_auto_batch run
+  "train --model mnist-cnn --synthetic --steps 1 --batch-size auto --max-memory 64MiB --max-test 16 --workers 0 --json"
+  EXPECT "batch_search=bool steps=1 batch_size=number"
+  MATCH "batch-size search \\(budget 64.00 MiB\\).*batch size [0-9]+ \\(auto\\): micro-batches of [0-9]+ rows, \
+the largest whose training step fits 64.00 MiB")
+# Progress lines (plain, not a terminal) and the memory report.
+ember_train_test(train_progress run "train --model mlp --steps 4 --log-interval 2 --batch-size 16"
+  MATCH "step 2/4  loss [0-9.]+  [0-9.]+ samples/s  allocated .*step 4/4 .*done: step 4.*allocator: allocated")
+# --save, then --resume continues at the saved step (the shape comes from the checkpoint).
+ember_train_test(train_save_resume resume "train ${_tiny_gpt} --steps 2 --save resume.safetensors --json"
+  RESUME_ARGS "train --model char-gpt --synthetic --batch-size 4 --eval-iters 1 --steps 4 \
+--resume resume.safetensors --json"
+  EXPECT "start_step=2 steps=4 model=char-gpt"
+  MATCH "resumed from resume.safetensors at step 2"
+  REJECT_ARGS "train --model mlp --resume resume.safetensors"
+  REJECT_MATCH "holds a char-gpt model, not mlp")
+# The trace of the first steps as a Chrome trace and a timeline page.
+ember_train_test(train_trace_html run
+  "train --model mlp --steps 3 --trace-steps 2 --batch-size 16 --trace trace.json --html timeline.html"
+  FILES "timeline.html:<svg trace.json:traceEvents"
+  MATCH "trace: [0-9]+ allocator events \\(setup and 2 steps\\) written to trace.json timeline.html")
+
+# Bad input: exit status 1 (or 2 for CLI11's usage errors) and one line "ember: ..." on stderr, never a crash.
+ember_train_test(train_rejects_unknown_model error "train --model x" MATCH "unknown model 'x'")
+ember_train_test(train_rejects_zero_batch error "train --model mlp --batch-size 0" MATCH "--batch-size")
+ember_train_test(train_rejects_bad_size error "train --model mlp --max-memory lots" MATCH "--max-memory")
+ember_train_test(train_rejects_unknown_amp error "train --model mlp --amp fp8" MATCH "fp8")
+ember_train_test(train_rejects_missing_resume error "train --model mlp --resume missing.safetensors"
+  MATCH "missing.safetensors")
+ember_train_test(train_rejects_checkpoint_without_blocks error "train --model mnist-cnn --checkpoint sqrt"
+  MATCH "no block chain")
+ember_train_test(train_rejects_missing_data error "train --model mnist-cnn --data no-such-dir" MATCH "no-such-dir")
+ember_train_test(train_rejects_epochs_with_steps error "train --model mnist-cnn --epochs 1 --steps 2")
+ember_train_test(train_rejects_auto_without_limit error "train --model mlp --batch-size auto" MATCH "memory limit")
+set_tests_properties(tools.train_rejects_auto_without_limit
+  PROPERTIES ENVIRONMENT_MODIFICATION "EMBER_ALLOC_CONF=unset:")
+ember_train_test(train_rejects_indivisible_accumulation error "train --model mlp --batch-size 10 --grad-accum 3")
+ember_train_test(train_rejects_corrupt_resume error "train --model mlp --resume ${CMAKE_CURRENT_LIST_FILE}")
+
+# `ember info --json`: the keys docs/cli.md lists.
+ember_train_test(info_json run "info --json"
+  EXPECT "version=string build.cuda=bool build.cuda_runtime=any build.cuda_driver=any build.cudnn=any build.zlib=bool \
+build.compiler=string build.build_type=string cpu.cores=number cpu.memory_total_bytes=number \
+cpu.memory_available_bytes=number cuda_devices=any cuda_error=any alloc_conf.env=any alloc_conf.effective=string \
+alloc_conf.error=any")
+ember_train_test(info_readable run "info" MATCH "ember [0-9.]+ .*cpu: [0-9]+ cores.*EMBER_ALLOC_CONF")
