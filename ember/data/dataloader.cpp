@@ -21,6 +21,7 @@
 #include "ember/data/device_copy.h"
 #include "ember/data/random.h"
 #include "ember/memory/cuda_device.h"
+#include "ember/memory/tags.h"
 
 namespace ember::data {
 
@@ -193,6 +194,7 @@ struct DataLoader::Epoch {
   }
 
   void map_worker(int64_t w) {
+    memory::PhaseScope data_phase(memory::Phase::Data);  // batches are owned by "/data"
     const int64_t n = static_cast<int64_t>(plan.size());
     for (int64_t k = w; k < n; k += num_workers()) {
       if (!wait_for_space(w)) break;
@@ -211,6 +213,7 @@ struct DataLoader::Epoch {
   }
 
   void stream_worker(int64_t w) {
+    memory::PhaseScope data_phase(memory::Phase::Data);
     try {
       std::unique_ptr<ExampleStream> s = stream->open(w, num_workers(), options.seed, epoch);
       for (int64_t j = 0;; ++j) {
@@ -334,6 +337,7 @@ struct DataLoader::Epoch {
   }
 
   std::optional<Batch> next() {
+    memory::PhaseScope data_phase(memory::Phase::Data);  // inline loading and the device copies
     if (!copier) return next_host();
     // CUDA: keep device_prefetch batches queued behind the one handed out (Note [Copy stream] in device_copy.h).
     while (!pending_error && static_cast<int64_t>(in_flight.size()) < options.device_prefetch + 1) {

@@ -6,6 +6,8 @@
 #include <cstdint>
 #include <string>
 
+#include "ember/memory/tags.h"
+
 namespace ember::memory {
 
 inline constexpr int64_t kAlignment = 64;
@@ -33,6 +35,9 @@ class Allocator {
   virtual void deallocate(void* ptr) = 0;
   // The block at ptr is also used on `stream`: its memory is reused only after that stream's work completes.
   virtual void record_stream(void* ptr, StreamId stream) {}
+  // The live allocation at `ptr` changes owner to `tag` (its bytes move between the owners' statistics). Allocators
+  // without per-owner statistics ignore it.
+  virtual void retag(void* ptr, TagId tag) {}
   // Returns cached, unused memory to the backing. A no-op for allocators that cache nothing.
   virtual void empty_cache() {}
   virtual AllocatorStats stats() const = 0;

@@ -826,6 +826,17 @@ void CachingAllocator::record_stream(void* ptr, StreamId stream) {
     b->stream_uses.push_back(stream);
 }
 
+void CachingAllocator::retag(void* ptr, TagId tag) {
+  std::lock_guard<std::mutex> lock(impl_->mutex);
+  auto it = impl_->active.find(ptr);
+  EMBER_CHECK(it != impl_->active.end(), ValueError, "retag: pointer ", ptr, " is not a live allocation of ", name_);
+  Block* b = it->second;
+  if (b->tag == tag) return;
+  impl_->tag_stats.on_retag(b->tag, tag, b->size);
+  b->tag = tag;
+  impl_->record(TraceAction::Retag, b->id, b->requested, b->size, b->ptr, b->stream, tag);
+}
+
 void CachingAllocator::empty_cache() {
   std::lock_guard<std::mutex> lock(impl_->mutex);
   impl_->process_events(true);

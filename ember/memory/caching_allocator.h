@@ -109,6 +109,7 @@ class CachingAllocator final : public Allocator {
   void* allocate(int64_t nbytes, StreamId stream = 0) override;
   void deallocate(void* ptr) override;
   void record_stream(void* ptr, StreamId stream) override;
+  void retag(void* ptr, TagId tag) override;  // ValueError unless ptr is a live allocation
   void empty_cache() override;
   AllocatorStats stats() const override;
   void reset_peak_stats() override;

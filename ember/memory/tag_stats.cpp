@@ -35,6 +35,18 @@ void TagStatsTable::on_free(TagId tag, int64_t bytes) {
   e.current -= bytes;
 }
 
+void TagStatsTable::on_retag(TagId from, TagId to, int64_t bytes) {
+  if (from == to) return;
+  entry(std::max(from, to));  // sized for both before taking references
+  Entry& f = entry(from);
+  Entry& t = entry(to);
+  touch(f);
+  touch(t);
+  f.current -= bytes;
+  t.current += bytes;
+  t.peak = std::max(t.peak, t.current);
+}
+
 void TagStatsTable::reset_peaks() {
   for (Entry& e : entries_) e.peak = e.current;
   ++peak_gen_;

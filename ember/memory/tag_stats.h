@@ -28,6 +28,7 @@ class TagStatsTable {
   // `new_peak`: this allocation raised the aggregate allocated bytes above their previous peak.
   void on_alloc(TagId tag, int64_t bytes, bool new_peak);
   void on_free(TagId tag, int64_t bytes);
+  void on_retag(TagId from, TagId to, int64_t bytes);  // live bytes change owner (at-peak values stay as they were)
   void reset_peaks();  // own peaks and at-peak bytes become current
   std::vector<TagStat> stats() const;  // every tag that holds or held bytes, by tag id
 

@@ -85,6 +85,7 @@ TagId current_tag() {
 
 const char* phase_name(Phase phase) {
   switch (phase) {
+    case Phase::Parameters: return "parameters";
     case Phase::Forward: return "forward";
     case Phase::Backward: return "backward";
     case Phase::Optimizer: return "optimizer";
@@ -112,6 +113,7 @@ const std::string& module_path(ModuleHandle module) {
 }
 
 ModuleHandle current_module() { return t_module; }
+TagId module_tag(ModuleHandle module, Phase phase) { return tag_of(module, phase); }
 Phase current_phase() { return t_phase; }
 
 std::pair<std::string, std::string> split_tag(const std::string& name) {

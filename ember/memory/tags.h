@@ -20,10 +20,12 @@ std::string tag_name(TagId id);             // "" for kUntagged
 // read unless a scope changed since the last call.
 TagId current_tag();
 
-// What the bytes are for.
-enum class Phase : uint8_t { Forward, Backward, Optimizer, Data, Workspace, Other };
-inline constexpr int kNumPhases = 6;
-const char* phase_name(Phase phase);  // "forward", "backward", "optimizer", "data", "workspace", "other"
+// What the bytes are for. Parameters: a module's own parameters and buffers (nn tags them with the module's path at
+// its first forward, Note [Parameter ownership] in nn/module.cpp).
+enum class Phase : uint8_t { Parameters, Forward, Backward, Optimizer, Data, Workspace, Other };
+inline constexpr int kNumPhases = 7;
+// "parameters", "forward", "backward", "optimizer", "data", "workspace", "other"
+const char* phase_name(Phase phase);
 
 // A module path interned once ("" included): a stable handle, cheap to copy and to enter. nullptr means "".
 struct InternedModule;
@@ -32,6 +34,7 @@ ModuleHandle intern_module(const std::string& path);  // thread-safe; the same h
 const std::string& module_path(ModuleHandle module);  // "" for nullptr
 
 ModuleHandle current_module();  // this thread's module (nullptr: none)
+TagId module_tag(ModuleHandle module, Phase phase);  // the tag "PATH/PHASE" (kUntagged for "" and Other)
 Phase current_phase();          // this thread's phase (Other by default)
 
 // "MODULE/PHASE" -> {module, phase}: the phase is the text after the last '/' when it is a phase name; otherwise the

@@ -80,6 +80,13 @@ class LiveSet {
       on_change(a.owner, a.bytes);
     } else if (e.action == TraceAction::Free) {
       if (auto it = live_.find(e.id); it != live_.end()) remove(it, on_change);
+    } else if (e.action == TraceAction::Retag) {  // the bytes stay live and change owner
+      if (auto it = live_.find(e.id); it != live_.end()) {
+        const uint32_t owner = owners_.of(e.tag);
+        on_change(it->second.owner, -it->second.bytes);
+        it->second.owner = owner;
+        on_change(owner, it->second.bytes);
+      }
     }
   }
   void apply(const std::vector<TraceEvent>& events, size_t i) {

@@ -91,6 +91,7 @@ constexpr std::pair<TraceAction, const char*> kActionNames[] = {
     {TraceAction::SegmentUnmap, "segment_unmap"},
     {TraceAction::Oom, "oom"},
     {TraceAction::Annotate, "annotate"},
+    {TraceAction::Retag, "retag"},
 };
 }  // namespace
 
@@ -104,7 +105,7 @@ TraceAction parse_trace_action(const std::string& s) {
   for (const auto& [action, name] : kActionNames)
     if (s == name) return action;
   EMBER_THROW(FormatError, "unknown trace action \"", s,
-              "\" (expected alloc, free, segment_alloc, segment_free, segment_map, segment_unmap, oom or annotate)");
+              "\" (expected alloc, free, segment_alloc, segment_free, segment_map, segment_unmap, oom, annotate or retag)");
 }
 
 // ---- JSON Lines ----------------------------------------------------------------------------------------------------

@@ -26,7 +26,8 @@ enum class TraceAction : uint8_t {
   SegmentMap,    // expandable segment grew: addr of the mapped range, size
   SegmentUnmap,  // expandable segment shrank
   Oom,           // a request that failed: size; allocated/reserved at the time
-  Annotate       // a user marker: note
+  Annotate,      // a user marker: note
+  Retag          // the live allocation id changed owner to tag (its bytes move; replay ignores it)
 };
 const char* trace_action_name(TraceAction a);
 TraceAction parse_trace_action(const std::string& s);  // FormatError on unknown names

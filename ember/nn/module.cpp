@@ -110,9 +110,26 @@ memory::ModuleHandle Module::memory_handle() const {
   std::string path = chain.back()->type_name_;
   for (size_t i = chain.size() - 1; i-- > 0;) path += "." + chain[i]->name_in_parent_;
   const memory::ModuleHandle handle = memory::intern_module(path);
+  tag_own_state(handle);
   memory_handle_.store(handle, std::memory_order_release);
   memory_generation_.store(gen, std::memory_order_release);
   return handle;
+}
+
+// Note [Parameter ownership]: parameters and buffers are allocated in constructors, before the module knows its
+// path (it learns it when registered in a parent, after its members exist), so they start untagged. Whenever the
+// path is (re)computed — at the first forward, and after the tree changed or to() replaced the tensors — the module
+// hands its own parameters' and buffers' bytes to "PATH/parameters" (memory::Allocator::retag). A tensor shared by
+// two modules (tied weights) belongs to the last one that tagged it.
+void Module::tag_own_state(memory::ModuleHandle handle) const {
+  const memory::TagId tag = memory::module_tag(handle, memory::Phase::Parameters);
+  for (const NamedTensors* list : {&params_, &buffers_}) {
+    for (const auto& [name, t] : *list) {
+      if (!t.defined()) continue;
+      const StorageImpl& s = *t.storage();
+      if (s.allocator() != nullptr && s.data() != nullptr) s.allocator()->retag(s.data(), tag);
+    }
+  }
 }
 
 // ---- traversal -------------------------------------------------------------------------------------------------
@@ -228,16 +245,19 @@ void convert_all(const Module& m, Fn convert) {
 
 void Module::to(Device device) {
   convert_all(*this, [&](const Tensor& t) { return t.to(device); });
+  g_tree_generation.fetch_add(1, std::memory_order_acq_rel);  // new tensors: tag them at the next forward
 }
 
 void Module::to(DType dtype) {
   EMBER_CHECK(is_floating(dtype), DTypeError, type_name_, ".to: expects a floating dtype, got ", dtype_name(dtype));
   convert_all(*this, [&](const Tensor& t) { return is_floating(t.dtype()) ? t.to(dtype) : t; });
+  g_tree_generation.fetch_add(1, std::memory_order_acq_rel);
 }
 
 void Module::to(Device device, DType dtype) {
   EMBER_CHECK(is_floating(dtype), DTypeError, type_name_, ".to: expects a floating dtype, got ", dtype_name(dtype));
   convert_all(*this, [&](const Tensor& t) { return t.to(device, is_floating(t.dtype()) ? dtype : t.dtype()); });
+  g_tree_generation.fetch_add(1, std::memory_order_acq_rel);
 }
 
 void Module::zero_grad(bool set_to_none) {

@@ -81,7 +81,8 @@ class Module : public std::enable_shared_from_this<Module> {
 
   // --- memory attribution (DESIGN.md §6) -----------------------------------------------------------------------
   // The owner name of this module's allocations: the root's type_name, then the dotted child names
-  // ("MnistNet.conv1", "GPT.blocks.0.attn.qkv"). A module registered in several parents keeps its first one.
+  // ("MnistNet.conv1", "GPT.transformer.h.0.attn"). A module registered in several parents keeps its first one.
+  // Computing it also hands the module's own parameters and buffers to "PATH/parameters".
   const std::string& memory_path() const { return memory::module_path(memory_handle()); }
   // The interned memory_path(), recomputed only after a registration anywhere changed the module tree.
   memory::ModuleHandle memory_handle() const;
@@ -96,6 +97,7 @@ class Module : public std::enable_shared_from_this<Module> {
   void collect(const std::string& prefix, bool params, bool recurse, NamedTensors& out) const;
   void collect_state(const std::string& prefix, NamedTensors& out) const;  // state_dict order, live handles
   void describe_into(const std::string& name, int depth, std::string& out) const;
+  void tag_own_state(memory::ModuleHandle handle) const;  // Note [Parameter ownership] in module.cpp
 
   std::string type_name_;
   bool training_ = true;

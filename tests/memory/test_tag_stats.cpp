@@ -175,6 +175,39 @@ TEST(TagStats, PeaksAndAtPeakByHand) {
   a.check_invariants();
 }
 
+// Retag moves a live allocation's bytes to another owner: current and the new owner's peak change, the bytes at the
+// peak stay as they were, the trace records it, and a pointer that is not live is refused.
+TEST(TagStats, RetagMovesLiveBytesBetweenOwners) {
+  auto alloc = make_allocator(64 * caching_test::MiB);
+  CachingAllocator& a = *alloc;
+  a.enable_trace(64);
+  const TagId A = intern_tag("RetagTest.A/other"), B = intern_tag("RetagTest.B/parameters");
+  void* p = nullptr;
+  {
+    TagScope s(A);
+    p = a.allocate(1000);  // a 1024-byte block, the peak
+  }
+  a.retag(p, B);
+  const TagStat sa = stat_of(a, A), sb = stat_of(a, B);
+  EXPECT_EQ(sa.current, 0);
+  EXPECT_EQ(sa.at_peak, 1024);  // the peak was reached while A held the bytes
+  EXPECT_EQ(sb.current, 1024);
+  EXPECT_EQ(sb.peak, 1024);
+  EXPECT_EQ(sb.at_peak, 0);
+  EXPECT_EQ(sb.num_allocs, 0);
+  a.check_invariants();
+  const std::vector<TraceEvent> events = a.trace();
+  ASSERT_FALSE(events.empty());
+  EXPECT_EQ(events.back().action, TraceAction::Retag);
+  EXPECT_EQ(events.back().tag, B);
+  int dummy = 0;
+  EXPECT_THROW(a.retag(&dummy, B), ember::ValueError);
+  a.deallocate(p);  // the free leaves the new owner
+  EXPECT_EQ(stat_of(a, B).current, 0);
+  EXPECT_EQ(stat_of(a, A).current, 0);
+  a.check_invariants();
+}
+
 TEST(TagStats, PendingFreeLeavesTheTagWithAllocatedBytes) {
   auto alloc = make_allocator(64 * caching_test::MiB);
   CachingAllocator& a = *alloc;

@@ -137,6 +137,11 @@ TEST(MemoryAttribution, MnistNetTrainingStepSumsExactly) {
   EXPECT_EQ(owner(at, "MnistNet.fc1", "backward").current_bytes,
             round_block(net->fc1->weight.nbytes()) + round_block(net->fc1->bias.nbytes()));
   EXPECT_EQ(owner(at, "", "optimizer").current_bytes - optimizer_before, adamw_state_bytes(*net));
+  // Parameters belong to their module once it has run (Note [Parameter ownership]).
+  EXPECT_EQ(owner(at, "MnistNet.conv1", "parameters").current_bytes,
+            round_block(net->conv1->weight.nbytes()) + round_block(net->conv1->bias.nbytes()));
+  EXPECT_EQ(owner(at, "MnistNet.fc2", "parameters").current_bytes,
+            round_block(net->fc2->weight.nbytes()) + round_block(net->fc2->bias.nbytes()));
 
   const std::string text = memory::memory_report(memory::cpu_allocator());
   for (const char* row : {"MnistNet", "conv1", "conv2", "fc1", "fc2", "TOTAL", "allocated now", "at peak"})
