@@ -272,13 +272,6 @@ std::vector<TraceEvent> read_trace_jsonl(std::istream& in) { return read_jsonl(i
 // track) or a module (the "module" track). A run's slice starts at its first event and ends where the next run
 // starts; the last run ends at the trace's last event. Untagged events form runs named "untagged".
 
-TagParts split_tag_name(const std::string& name) {
-  if (name.empty()) return {};
-  const size_t slash = name.rfind('/');
-  if (slash == std::string::npos) return {name, "other"};
-  return {name.substr(0, slash), name.substr(slash + 1)};
-}
-
 namespace {
 
 constexpr int kPid = 1, kEventsTid = 1, kPhaseTid = 2, kModuleTid = 3;
@@ -325,15 +318,23 @@ void write_chrome_trace(const std::vector<TraceEvent>& events, std::ostream& out
     out << ",\n" << dump(t);
   }
 
-  // Tag names are looked up and split once per tag (tag_name takes a lock); empty parts read "untagged".
+  // Tag names are looked up and split once per tag (tag_name takes a lock; split_tag in tags.h); the untagged
+  // events read "untagged", a tag without a module "(no module)".
+  struct TagParts {
+    std::string module, phase;
+  };
   std::unordered_map<TagId, TagParts> parts;
   auto parts_of = [&](size_t i) -> const TagParts& {
     const TagId tag = events[i].tag;
     auto it = parts.find(tag);
     if (it == parts.end()) {
-      TagParts p = split_tag_name(tag_name(tag));
-      if (p.module.empty()) p.module = "untagged";
-      if (p.phase.empty()) p.phase = "untagged";
+      TagParts p;
+      if (tag == kUntagged) {
+        p = {"untagged", "untagged"};
+      } else {
+        auto [module, phase] = split_tag(tag_name(tag));
+        p = {module.empty() ? std::string("(no module)") : module, phase};
+      }
       it = parts.emplace(tag, std::move(p)).first;
     }
     return it->second;

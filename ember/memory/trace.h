@@ -72,14 +72,6 @@ void write_trace_jsonl(const std::vector<TraceEvent>& events, std::ostream& out)
 // optional keys default to 0.
 std::vector<TraceEvent> read_trace_jsonl(std::istream& in);
 
-// The parts of a tag name "MODULE/PHASE", split at the last '/': "GPT.blocks.0.attn/forward" -> {"GPT.blocks.0.attn",
-// "forward"}. A name without '/' is a module of phase "other"; the untagged name "" gives {"", ""}.
-struct TagParts {
-  std::string module;
-  std::string phase;
-};
-TagParts split_tag_name(const std::string& name);
-
 // What a trace file records about the allocator that produced it (the Chrome file's "otherData").
 struct TraceFileOptions {
   std::string alloc_conf;  // its configuration as an EMBER_ALLOC_CONF string (AllocatorConfig::str(); "" = defaults)

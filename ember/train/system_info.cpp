@@ -17,9 +17,9 @@
 #include "ember/memory/caching_allocator.h"
 #include "ember/memory/cuda_device.h"
 
-// The project's version (CMakeLists.txt, project(ember VERSION ...)); a build may define EMBER_VERSION instead.
+// The project's version: ember/CMakeLists.txt defines EMBER_VERSION from project(ember VERSION ...).
 #ifndef EMBER_VERSION
-#define EMBER_VERSION "0.1.0"
+#define EMBER_VERSION "unknown"
 #endif
 
 namespace ember::train {

@@ -120,16 +120,12 @@ void expect_same_events(const std::vector<TraceEvent>& got, const std::vector<Tr
 
 // ---- tag names -----------------------------------------------------------------------------------------------------
 
-TEST(TagNames, SplitAtTheLastSlash) {
-  EXPECT_EQ(split_tag_name("GPT.blocks.0.attn/forward").module, "GPT.blocks.0.attn");
-  EXPECT_EQ(split_tag_name("GPT.blocks.0.attn/forward").phase, "forward");
-  EXPECT_EQ(split_tag_name("a/b/backward").module, "a/b");
-  EXPECT_EQ(split_tag_name("a/b/backward").phase, "backward");
-  EXPECT_EQ(split_tag_name("workspace").module, "workspace");
-  EXPECT_EQ(split_tag_name("workspace").phase, "other");
-  EXPECT_EQ(split_tag_name("").module, "");
-  EXPECT_EQ(split_tag_name("").phase, "");
-  EXPECT_EQ(split_tag_name("m/").phase, "");
+TEST(TagNames, SplitAtTheLastSlashWhenThePhaseIsKnown) {
+  EXPECT_EQ(split_tag("GPT.blocks.0.attn/forward"), (std::pair<std::string, std::string>{"GPT.blocks.0.attn", "forward"}));
+  EXPECT_EQ(split_tag("a/b/backward"), (std::pair<std::string, std::string>{"a/b", "backward"}));
+  EXPECT_EQ(split_tag("workspace"), (std::pair<std::string, std::string>{"workspace", "other"}));
+  EXPECT_EQ(split_tag("m/notaphase"), (std::pair<std::string, std::string>{"m/notaphase", "other"}));
+  EXPECT_EQ(split_tag(""), (std::pair<std::string, std::string>{"", "other"}));
 }
 
 // ---- peak ----------------------------------------------------------------------------------------------------------
