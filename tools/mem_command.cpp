@@ -41,6 +41,8 @@ struct MemArgs {
   std::string output;
   std::string title;
   std::string max_series = "12";
+  std::string group = "phase";
+  std::string depth = "3";
   std::string rows = "200";
   bool time_axis = false;
 };
@@ -256,6 +258,8 @@ void run_html(const CLI::App* cmd, const MemArgs& a) {
   memory::TimelineOptions o;
   o.title = a.title.empty() ? "ember memory timeline: " + a.trace : a.title;
   o.max_series = parse_count(a.max_series, "--max-series", 1, 1000);
+  o.group = memory::parse_timeline_group(a.group);
+  o.group_depth = parse_count(a.depth, "--depth", 1, 1000);
   o.max_peak_rows = parse_count(a.rows, "--rows", 0, 1000000);
   o.time_axis = a.time_axis;
   std::ostringstream page;
@@ -335,7 +339,9 @@ void add_mem_command(CLI::App& app) {
   add_trace(html);
   html->add_option("-o,--output", args->output, "the page to write (OUT.html)");
   html->add_option("--title", args->title, "page title");
-  html->add_option("--max-series", args->max_series, "owners with their own band (default 12)");
+  html->add_option("--max-series", args->max_series, "groups with their own band (default 12)");
+  html->add_option("--group-by", args->group, "bands by owner (module/phase tag), phase (default) or module");
+  html->add_option("--depth", args->depth, "--group-by module: dotted names kept (default 3)");
   html->add_option("--rows", args->rows, "allocations listed at the peak (default 200)");
   html->add_flag("--time", args->time_axis, "x axis: the events' times (default: the event index)");
   html->callback([args, html] { guarded("html", [&] { run_html(html, *args); }); });

@@ -246,6 +246,21 @@ constexpr const char* kOtherColor = "#bab0ac";
 
 }  // namespace
 
+const char* timeline_group_name(TimelineGroup group) {
+  switch (group) {
+    case TimelineGroup::Owner: return "owner";
+    case TimelineGroup::Phase: return "phase";
+    case TimelineGroup::Module: return "module";
+  }
+  return "phase";
+}
+
+TimelineGroup parse_timeline_group(const std::string& name) {
+  for (TimelineGroup g : {TimelineGroup::Owner, TimelineGroup::Phase, TimelineGroup::Module})
+    if (name == timeline_group_name(g)) return g;
+  EMBER_THROW(ValueError, "timeline: unknown grouping '", name, "' (expected owner, phase or module)");
+}
+
 TimelinePeak timeline_peak(const std::vector<TraceEvent>& events) {
   Owners owners;
   const Totals t = walk_totals(events, owners);
@@ -283,6 +298,8 @@ constexpr double kWidth = 1100, kHeight = 440, kLeft = 84, kRight = 24, kTop = 2
 void write_timeline_html(const std::vector<TraceEvent>& events, std::ostream& out, const TimelineOptions& options) {
   EMBER_CHECK(options.max_series >= 1 && options.max_series <= 1000, ValueError,
               "write_timeline_html: max_series must be in [1, 1000], got ", options.max_series);
+  EMBER_CHECK(options.group_depth >= 1, ValueError, "write_timeline_html: group_depth must be >= 1, got ",
+              options.group_depth);
   EMBER_CHECK(options.max_peak_rows >= 0, ValueError, "write_timeline_html: max_peak_rows must be >= 0, got ",
               options.max_peak_rows);
   Owners owners;
@@ -292,16 +309,57 @@ void write_timeline_html(const std::vector<TraceEvent>& events, std::ostream& ou
   const size_t n = events.size();
   const size_t peak_index = static_cast<size_t>(totals.peak_index);
   const std::vector<PeakAlloc> alive = alive_at(events, totals.peak_index, owners);
-  const std::vector<OwnerBytes> peak_owners = owners_of(alive, owners);
+  // The bands group the owners (TimelineOptions::group); peak_owners are the groups' bytes at the peak.
+  auto group_of = [&](const std::string& owner) -> std::string {
+    if (options.group == TimelineGroup::Owner || owner == kUntaggedOwner) return owner;
+    auto [module, phase] = split_tag(owner);
+    if (options.group == TimelineGroup::Phase) return phase;
+    int64_t dots = 0;  // keep the first group_depth dotted names
+    for (size_t i = 0; i < module.size(); ++i) {
+      if (module[i] == '.' && ++dots == options.group_depth) {
+        module.resize(i);
+        break;
+      }
+    }
+    return module.empty() ? std::string("(no module)") : module;
+  };
+  std::vector<OwnerBytes> peak_owners;
+  {
+    std::unordered_map<std::string, size_t> slot;
+    for (const OwnerBytes& o : owners_of(alive, owners)) {
+      const std::string g = group_of(o.owner);
+      auto [it, fresh] = slot.emplace(g, peak_owners.size());
+      if (fresh) peak_owners.push_back(OwnerBytes{g, 0, 0});
+      peak_owners[it->second].bytes += o.bytes;
+      peak_owners[it->second].allocations += o.allocations;
+    }
+    std::sort(peak_owners.begin(), peak_owners.end(), [](const OwnerBytes& x, const OwnerBytes& y) {
+      return x.bytes != y.bytes ? x.bytes > y.bytes : x.owner < y.owner;
+    });
+    if (options.group == TimelineGroup::Phase && peak_owners.size() <= static_cast<size_t>(options.max_series)) {
+      // Phases stack in the order a step builds them: parameters at the bottom, then optimizer state, data,
+      // forward, backward, workspace, other (and untagged bytes last).
+      auto rank = [](const std::string& phase) {
+        for (int p = 0; p < kNumPhases; ++p)
+          if (phase == phase_name(static_cast<Phase>(p))) {
+            static constexpr int order[kNumPhases] = {0, 3, 4, 1, 2, 5, 6};  // by Phase: parameters, forward, ...
+            return order[p];
+          }
+        return kNumPhases;
+      };
+      std::stable_sort(peak_owners.begin(), peak_owners.end(),
+                       [&](const OwnerBytes& x, const OwnerBytes& y) { return rank(x.owner) < rank(y.owner); });
+    }
+  }
 
-  // Series: the largest owners at the peak, then "other owners" when any other owner ever holds memory.
+  // Series: the largest groups at the peak, then "other owners" when any other group ever holds memory.
   const size_t named = std::min(peak_owners.size(), static_cast<size_t>(options.max_series));
   std::vector<uint32_t> series_of;  // owner index -> series
   std::vector<std::string> series_name;
   for (size_t k = 0; k < named; ++k) series_name.push_back(peak_owners[k].owner);
   auto series_for = [&](uint32_t owner) -> uint32_t {
     while (series_of.size() <= owner) {
-      const std::string& name = owners.name(static_cast<uint32_t>(series_of.size()));
+      const std::string name = group_of(owners.name(static_cast<uint32_t>(series_of.size())));
       auto it = std::find(series_name.begin(), series_name.begin() + static_cast<std::ptrdiff_t>(named), name);
       series_of.push_back(static_cast<uint32_t>(it - series_name.begin()));  // == named for "other owners"
     }
@@ -399,8 +457,8 @@ void write_timeline_html(const std::vector<TraceEvent>& events, std::ostream& ou
       << "<div>peak allocated <b>" << short_bytes(static_cast<double>(totals.peak)) << "</b> (" << totals.peak
       << " B) at " << when(peak_index) << "</div>"
       << "<div>peak reserved (recorded) <b>" << short_bytes(static_cast<double>(max_reserved)) << "</b></div>"
-      << "<div>alive at the peak <b>" << alive.size() << "</b> allocations of <b>" << peak_owners.size()
-      << "</b> owners</div></div>\n";
+      << "<div>alive at the peak <b>" << alive.size() << "</b> allocations of <b>" << owners_of(alive, owners).size()
+      << "</b> owners</div><div>bands by <b>" << timeline_group_name(options.group) << "</b></div></div>\n";
 
   // ---- chart
   out << "<svg id=\"chart\" xmlns=\"http://www.w3.org/2000/svg\" width=\"" << kWidth << "\" height=\"" << kHeight

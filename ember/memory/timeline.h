@@ -13,9 +13,18 @@
 
 namespace ember::memory {
 
+// What a band of the stacked plot collects: every owner tag ("GPT.transformer.h.0.attn/forward"), every phase
+// ("forward": the phases of all modules together), or every module down to `group_depth` dotted names
+// ("GPT.transformer.h.0" at depth 4, all its phases together).
+enum class TimelineGroup { Owner, Phase, Module };
+const char* timeline_group_name(TimelineGroup group);  // "owner", "phase", "module"
+TimelineGroup parse_timeline_group(const std::string& name);  // ValueError for anything else
+
 struct TimelineOptions {
   std::string title = "ember memory timeline";
-  int64_t max_series = 12;        // the largest owners get their own band; the rest are summed into "other owners"
+  TimelineGroup group = TimelineGroup::Phase;  // the bands (the table of live allocations always names the owner)
+  int64_t group_depth = 3;        // TimelineGroup::Module: dotted names kept
+  int64_t max_series = 12;        // the largest groups get their own band; the rest are summed into "other owners"
   int64_t max_peak_rows = 200;    // allocations listed at the peak (largest first)
   bool time_axis = false;         // x = event time (when the events carry increasing times) instead of event index
 };

@@ -171,8 +171,14 @@ TEST(Timeline, NoAllocEvents) {
 
 // ---- the page ------------------------------------------------------------------------------------------------------
 
+TimelineOptions by_owner() {
+  TimelineOptions o;
+  o.group = TimelineGroup::Owner;
+  return o;
+}
+
 TEST(TimelineHtml, PeakMarkerBandsAndAliveRows) {
-  const std::string page = page_of(hand_trace());
+  const std::string page = page_of(hand_trace(), by_owner());
   EXPECT_EQ(page.rfind("<!DOCTYPE html>", 0), 0u);
   EXPECT_NE(page.find("</html>"), std::string::npos);
   EXPECT_EQ(page.find("http://", page.find("<body>")), page.find("http://www.w3.org/2000/svg"));  // no fetches
@@ -205,6 +211,29 @@ TEST(TimelineHtml, PeakMarkerBandsAndAliveRows) {
   // No reserved numbers were recorded: no reserved line, no OOM markers.
   EXPECT_EQ(count(page, "class=\"reserved\""), 0u);
   EXPECT_EQ(count(page, "class=\"oom-marker\""), 0u);
+}
+
+// The default bands are phases: A/forward (alive earlier) joins B/forward's band, so nothing is left for "other
+// owners"; by module (depth 1) the bands are A (5 KiB at the peak) and B (3 KiB).
+TEST(TimelineHtml, BandsByPhaseAndByModule) {
+  const std::string by_phase = page_of(hand_trace());
+  EXPECT_EQ(count(by_phase, "class=\"band\""), 3u);
+  EXPECT_NE(by_phase.find("<title>backward: 5 KiB at the peak</title>"), std::string::npos);
+  EXPECT_NE(by_phase.find("<title>forward: 3 KiB at the peak</title>"), std::string::npos);
+  EXPECT_NE(by_phase.find("<title>(untagged): 512 B at the peak</title>"), std::string::npos);
+  EXPECT_EQ(by_phase.find("<title>other owners</title>"), std::string::npos);
+  EXPECT_NE(by_phase.find("bands by <b>phase</b>"), std::string::npos);
+  TimelineOptions o;
+  o.group = TimelineGroup::Module;
+  o.group_depth = 1;
+  const std::string by_module = page_of(hand_trace(), o);
+  EXPECT_NE(by_module.find("<title>A: 5 KiB at the peak</title>"), std::string::npos);
+  EXPECT_NE(by_module.find("<title>B: 3 KiB at the peak</title>"), std::string::npos);
+  EXPECT_EQ(parse_timeline_group("module"), TimelineGroup::Module);
+  EXPECT_THROW(parse_timeline_group("modules"), ValueError);
+  o.group_depth = 0;
+  std::ostringstream out;
+  EXPECT_THROW(write_timeline_html(hand_trace(), out, o), ValueError);
 }
 
 TEST(TimelineHtml, TimeAxisOnRequest) {
