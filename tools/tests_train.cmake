@@ -198,3 +198,13 @@ build.compiler=string build.build_type=string cpu.cores=number cpu.memory_total_
 cpu.memory_available_bytes=number cuda_devices=any cuda_error=any alloc_conf.env=any alloc_conf.effective=string \
 alloc_conf.error=any")
 ember_train_test(info_readable run "info" MATCH "ember [0-9.]+ .*cpu: [0-9]+ cores.*EMBER_ALLOC_CONF")
+
+# An OOM in the traced steps: the trace up to the failure is still written; the one-line error counts only mapped
+# bytes in the largest free block and replays the history only under settings that are not on already (expandable
+# segments are, on a --max-memory device).
+add_test(NAME tools.train_oom_advice_and_trace
+  COMMAND ember_cli train --model gpt --steps 2 --batch-size 9 --max-memory 32MiB --quiet
+          --trace ${CMAKE_CURRENT_BINARY_DIR}/oom_trace.json)
+set_tests_properties(tools.train_oom_advice_and_trace PROPERTIES LABELS tools
+  PASS_REGULAR_EXPRESSION "trace: [0-9]+ allocator events.*written to.*oom_trace.json.*out of memory.*the largest 1.00 MiB.*replaying this allocator's recorded history under max_split_size_mb:128 does not serve"
+  FAIL_REGULAR_EXPRESSION "EMBER_ALLOC_CONF=expandable_segments|reduce this are expandable")

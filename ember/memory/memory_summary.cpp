@@ -39,7 +39,10 @@ std::string CachingAllocator::memory_summary() const {
   os << rule << "\n";
   os << "  ember memory summary: " << name() << " on " << backing_->name() << "\n";
   os << "  allowed " << (allow == kNoLimit ? std::string("unbounded") : format_bytes(allow)) << "; config: "
-     << (cfg.str().empty() ? std::string("defaults") : cfg.str()) << "\n";
+     << (cfg.str().empty() ? std::string("defaults") : cfg.str());
+  if (cfg.expandable_segments && !backing_->supports_expandable())
+    os << " (this backing cannot map pages: fixed segments are used)";
+  os << "\n";
   os << "  OOMs: " << s.num_ooms << "   alloc retries: " << s.num_alloc_retries
      << "   device allocs/frees: " << s.num_device_alloc << "/" << s.num_device_free
      << "   syncs: " << s.num_sync_all_streams << "\n";

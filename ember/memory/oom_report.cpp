@@ -115,9 +115,16 @@ std::string explain_oom(const OomFacts& f) {
     os << ".";
   } else if (fits_now) {
     os << " The cache is fragmented by the order of earlier allocations: the " << live.size()
-       << " live allocation(s) plus this request fit when packed afresh. Settings that reduce this are "
-          "expandable_segments:True and max_split_size_mb; turn on the allocator trace (enable_trace) from the "
-          "start and this message will say which of them would have served the request.";
+       << " live allocation(s) plus this request fit when packed afresh.";
+    if (knobs.empty()) {
+      os << " Both settings that reduce this (expandable_segments, max_split_size_mb) are already on: free "
+            "tensors, call empty_cache() between phases, or need less memory.";
+    } else {
+      os << " " << (knobs.size() > 1 ? "Settings that reduce this are " : "A setting that reduces this is ")
+         << knobs[0].first << (knobs.size() > 1 ? " and " + knobs[1].first : std::string())
+         << "; turn on the allocator trace (enable_trace) from the start and this message will say whether "
+         << (knobs.size() > 1 ? "either" : "it") << " would have served the request.";
+    }
   } else {
     os << " The live allocations plus this request do not fit under any setting tried: free tensors or need less "
           "memory — a smaller batch (with gradient accumulation), activation checkpointing, or mixed precision.";

@@ -4,6 +4,7 @@
 // schedule is positioned at that counter, and a checkpoint holds the weights, the trainer's state and the schedule's.
 #include "ember/train/runner.h"
 
+#include <exception>
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -349,8 +350,9 @@ void TrainRunner::Impl::stop_trace() {
     EMBER_CHECK(!out.fail(), ValueError, "--html ", o.html_path, ": write failed");
     written += " " + o.html_path;
   }
+  const int64_t traced = step - start_step;
   std::string text = "trace: " + std::to_string(events.size()) + " allocator events (setup and " +
-                     std::to_string(step - start_step) + " steps) written to" + written;
+                     std::to_string(traced) + (traced == 1 ? " step" : " steps") + ") written to" + written;
   if (dropped > 0) text += " (the oldest " + std::to_string(dropped) + " events were dropped)";
   message(text);
 }
@@ -425,6 +427,19 @@ void TrainRunner::setup() {
 }
 
 RunResult TrainRunner::run() {
+  // A run that fails while tracing (an OOM in the traced steps, say) still writes the trace and the page up to the
+  // failure — the moment a timeline is most wanted. Errors while writing them are dropped: the run's own error wins.
+  struct TraceOnFailure {
+    Impl& s;
+    ~TraceOnFailure() {
+      if (std::uncaught_exceptions() > 0 && s.tracing) {
+        try {
+          s.stop_trace();
+        } catch (...) {
+        }
+      }
+    }
+  } trace_on_failure{*impl_};
   setup();
   Impl& s = *impl_;
   const RunnerOptions& o = s.o;

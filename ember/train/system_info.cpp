@@ -12,9 +12,11 @@
 #include "ember/base/error.h"
 #include "ember/data/mnist.h"
 #include "ember/kernels/cuda/device_info.h"
+#include "ember/memory/address_only.h"
 #include "ember/memory/alloc_config.h"
 #include "ember/memory/allocator.h"
 #include "ember/memory/caching_allocator.h"
+#include "ember/memory/cpu_allocator.h"
 #include "ember/memory/cuda_device.h"
 
 // The project's version: ember/CMakeLists.txt defines EMBER_VERSION from project(ember VERSION ...).
@@ -112,6 +114,7 @@ SystemInfo system_info() {
   }
   try {
     s.alloc_conf_effective = memory::alloc_config_from_env().str();
+    s.cpu_allocator_conf = memory::effective_config(memory::cpu_allocator()).str();
   } catch (const Error& e) {
     s.alloc_conf_error = e.what();
   }
@@ -145,7 +148,8 @@ std::string SystemInfo::to_json() const {
   j["cuda_error"] = text_or_null(cuda_error);
   j["alloc_conf"] = {{"env", alloc_conf_set ? json(alloc_conf_env) : json()},
                      {"effective", alloc_conf_error.empty() ? json(alloc_conf_effective) : json()},
-                     {"error", text_or_null(alloc_conf_error)}};
+                     {"error", text_or_null(alloc_conf_error)},
+                     {"cpu_allocator", alloc_conf_error.empty() ? json(cpu_allocator_conf) : json()}};
   return j.dump();
 }
 
@@ -167,7 +171,9 @@ std::string SystemInfo::to_string() const {
        << memory::format_bytes(d.memory_total_bytes) << "\n";
   os << "EMBER_ALLOC_CONF: " << (alloc_conf_set ? "'" + alloc_conf_env + "'" : std::string("(unset)"));
   if (alloc_conf_error.empty())
-    os << " -> " << (alloc_conf_effective.empty() ? std::string("defaults") : alloc_conf_effective);
+    os << " -> " << (alloc_conf_effective.empty() ? std::string("defaults") : alloc_conf_effective)
+       << "; the CPU allocator runs "
+       << (cpu_allocator_conf.empty() ? std::string("PyTorch's defaults (fixed segments)") : cpu_allocator_conf);
   else
     os << " -> error: " << alloc_conf_error;
   return os.str();

@@ -46,6 +46,8 @@ struct SystemInfo {
   std::string alloc_conf_env;       // its text
   std::string alloc_conf_effective; // the parsed configuration on ember's defaults (AllocatorConfig::str())
   std::string alloc_conf_error;     // the ConfigError of a malformed EMBER_ALLOC_CONF ("" otherwise)
+  std::string cpu_allocator_conf;   // what the CPU allocator really runs: expandable segments only where its backing
+                                    // supports them (a simulated device with a capacity), else fixed segments
   std::string to_json() const;      // one line; keys in docs/cli.md
   std::string to_string() const;    // a few readable lines
 };
