@@ -34,6 +34,9 @@ class StorageImpl {
   int64_t version() const { return version_.load(std::memory_order_relaxed); }
   void bump_version() { version_.fetch_add(1, std::memory_order_relaxed); }
   memory::Allocator* allocator() const { return allocator_; }  // null for byte-free meta storage
+  // The address the allocator handed out (for its bookkeeping: record_stream, retag) — for meta storage inside a
+  // MetaAllocationScope an address nothing backs, so never dereference it; data() is the pointer to read and write.
+  void* allocation() const { return data_; }
   bool pinned() const { return pinned_; }                          // page-locked host memory from the pinned pool
 
  private:

@@ -127,7 +127,8 @@ void Module::tag_own_state(memory::ModuleHandle handle) const {
     for (const auto& [name, t] : *list) {
       if (!t.defined()) continue;
       const StorageImpl& s = *t.storage();
-      if (s.allocator() != nullptr && s.data() != nullptr) s.allocator()->retag(s.data(), tag);
+      // allocation(), not data(): meta parameters of a dry run have an address in the scope's allocator too.
+      if (s.allocator() != nullptr && s.allocation() != nullptr) s.allocator()->retag(s.allocation(), tag);
     }
   }
 }

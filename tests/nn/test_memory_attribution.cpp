@@ -84,6 +84,7 @@ TEST(MemoryPath, FollowsTheTreeAsItIsBuiltFirstParentWins) {
 }
 
 TEST(MemoryAttribution, GPTTrainingStepSumsExactly) {
+  memory::cpu_allocator().reset_peak_stats();  // per-owner peaks from earlier tests in this process do not count
   GPTConfig c;
   c.vocab_size = 11, c.block_size = 8, c.n_layer = 2, c.n_head = 2, c.n_embd = 16;
   manual_seed(3);
@@ -117,6 +118,7 @@ TEST(MemoryAttribution, GPTTrainingStepSumsExactly) {
 }
 
 TEST(MemoryAttribution, MnistNetTrainingStepSumsExactly) {
+  memory::cpu_allocator().reset_peak_stats();
   manual_seed(5);
   auto net = std::make_shared<MnistNet>();
   optim::AdamW opt(net->parameters(), {});
@@ -174,6 +176,18 @@ TEST(MemoryAttribution, MnistNetTrainingStepSumsExactly) {
   EXPECT_EQ(current, at.current_bytes);
   EXPECT_EQ(at_peak, at.peak_bytes);
   EXPECT_EQ(at.to_json().find('\n'), std::string::npos);
+}
+
+// A dry run on meta (the estimator's): parameters have addresses in the scope's allocator and are handed to their
+// module like real ones.
+TEST(MemoryAttribution, MetaParametersBelongToTheirModule) {
+  MetaAllocationScope scope;
+  auto lin = std::make_shared<Linear>(16, 8);
+  lin->to(Device::meta());
+  const Tensor y = lin->forward(empty({4, 16}, {DType::f32, Device::meta()}));
+  const MemoryAttribution at = memory::memory_attribution(*current_meta_allocator());
+  EXPECT_EQ(owner(at, "Linear", "parameters").current_bytes, round_block(16 * 8 * 4) + round_block(8 * 4));
+  EXPECT_EQ(owner(at, "Linear", "forward").current_bytes, round_block(4 * 8 * 4));
 }
 
 TEST(MemoryAttribution, CheckpointRecomputationIsOwnedByBackward) {
