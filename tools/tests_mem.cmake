@@ -78,3 +78,12 @@ foreach(_case
   _mem_test(rejects_${_name} COMMAND ${CMAKE_COMMAND} -DEMBER=$<TARGET_FILE:ember_cli> "-DARGS=${_args}"
     -P ${_mem_scripts}/expect_one_line_error.cmake)
 endforeach()
+
+# A JSON Lines event whose "id" is an array nested a million deep: exit 1 with one line on stderr, not a stack overflow.
+# (add_test directly: the command's ';' would split it into a list through _mem_test's ARGN.)
+add_test(NAME tools.mem_deeply_nested_trace
+  COMMAND sh -c "d=${_mem_dir}/deep.jsonl; { printf '{\"action\":\"alloc\",\"id\":'; \
+head -c 1000000 /dev/zero | tr '\\000' '['; head -c 1000000 /dev/zero | tr '\\000' ']'; \
+printf ',\"size\":1,\"stream\":0}\\n'; } > \"$d\" && exec ${CMAKE_COMMAND} -DEMBER=\"$0\" \"-DARGS=mem|summary|$d\" \
+-P ${_mem_scripts}/expect_one_line_error.cmake" $<TARGET_FILE:ember_cli>)
+set_tests_properties(tools.mem_deeply_nested_trace PROPERTIES LABELS tools)

@@ -174,6 +174,21 @@ ember_train_test(train_trace_html run
   FILES "timeline.html:<svg trace.json:traceEvents"
   MATCH "trace: [0-9]+ allocator events \\(setup and 2 steps\\) written to trace.json timeline.html")
 
+# --resume refuses a text whose vocabulary has as many characters as the checkpoint's but other ones (every token id
+# would mean another character). The generated verse has 34 characters; other34.txt has 34 others.
+file(WRITE ${_train_dir}/other34.txt "")
+foreach(_i RANGE 400)
+  file(APPEND ${_train_dir}/other34.txt "abcdefghijklmnopqrstuvwxyzABCDEFGH")
+endforeach()
+ember_train_test(train_resume_other_vocabulary resume
+  "train ${_tiny_gpt} --steps 1 --save vocabulary.safetensors --json"
+  RESUME_ARGS "train --model char-gpt --synthetic --batch-size 4 --eval-iters 1 --steps 2 \
+--resume vocabulary.safetensors --json"
+  EXPECT "start_step=1"
+  REJECT_ARGS "train --model char-gpt --data other34.txt --batch-size 4 --eval-iters 1 --steps 2 \
+--resume vocabulary.safetensors"
+  REJECT_MATCH "vocabulary")
+
 # Bad input: exit status 1 (or 2 for CLI11's usage errors) and one line "ember: ..." on stderr, never a crash.
 ember_train_test(train_rejects_unknown_model error "train --model x" MATCH "unknown model 'x'")
 ember_train_test(train_rejects_zero_batch error "train --model mlp --batch-size 0" MATCH "--batch-size")
@@ -189,6 +204,9 @@ ember_train_test(train_rejects_auto_without_limit error "train --model mlp --bat
 set_tests_properties(tools.train_rejects_auto_without_limit
   PROPERTIES ENVIRONMENT_MODIFICATION "EMBER_ALLOC_CONF=unset:")
 ember_train_test(train_rejects_indivisible_accumulation error "train --model mlp --batch-size 10 --grad-accum 3")
+# --epochs so large that the step count overflows int64.
+ember_train_test(train_epochs_overflow error
+  "train --model mnist-cnn --synthetic --epochs 9223372036854775807 --max-test 1 --workers 0" MATCH "--epochs")
 ember_train_test(train_rejects_corrupt_resume error "train --model mlp --resume ${CMAKE_CURRENT_LIST_FILE}")
 
 # `ember info --json`: the keys docs/cli.md lists.
@@ -197,6 +215,11 @@ ember_train_test(info_json run "info --json"
 build.compiler=string build.build_type=string cpu.cores=number cpu.memory_total_bytes=number \
 cpu.memory_available_bytes=number cuda_devices=any cuda_error=any alloc_conf.env=any alloc_conf.effective=string \
 alloc_conf.error=any")
+# An EMBER_ALLOC_CONF that is not UTF-8 is reported in the JSON (the byte replaced), not an error.
+add_test(NAME tools.info_json_non_utf8_alloc_conf
+  COMMAND sh -c "EMBER_ALLOC_CONF=$(printf '\\377') exec \"$0\" info --json" $<TARGET_FILE:ember_cli>)
+set_tests_properties(tools.info_json_non_utf8_alloc_conf PROPERTIES LABELS tools
+  PASS_REGULAR_EXPRESSION "\"alloc_conf\":{\"env\":")
 ember_train_test(info_readable run "info" MATCH "ember [0-9.]+ .*cpu: [0-9]+ cores.*EMBER_ALLOC_CONF")
 
 # An OOM in the traced steps: the trace up to the failure is still written; the one-line error counts only mapped

@@ -218,6 +218,17 @@ inline void CachingAllocator::Impl::deallocate(void* ptr) {
 
 // ---- OOM ---------------------------------------------------------------------------------------------------------
 
+int64_t CachingAllocator::Impl::held_bytes(const Block* b) const {
+  const Segment* seg = b->segment;
+  if (seg == nullptr || !seg->expandable) return b->size;
+  const int64_t page = backing.page_size();
+  const int64_t lo = b->ptr - seg->base, hi = lo + b->size;
+  int64_t bytes = 0;
+  for (int64_t p = lo / page; p * page < hi && p < static_cast<int64_t>(seg->page_mapped.size()); ++p)
+    if (seg->page_mapped[static_cast<size_t>(p)]) bytes += std::min(hi, (p + 1) * page) - std::max(lo, p * page);
+  return bytes;
+}
+
 void CachingAllocator::Impl::throw_oom(int64_t requested, int64_t rounded, StreamId stream) {
   ++stats.num_ooms;
   record(TraceAction::Oom, 0, requested, rounded, nullptr, stream, current_tag());
@@ -230,20 +241,9 @@ void CachingAllocator::Impl::throw_oom(int64_t requested, int64_t rounded, Strea
   f.allowed = allowed();
   f.allocated = stats.allocated_bytes[kAggregatePool].current;
   f.reserved = stats.reserved_bytes[kAggregatePool].current;
-  // A free block of an expandable segment may span unmapped pages: only its mapped bytes are reserved and free.
-  auto held = [&](const Block* b) -> int64_t {
-    const Segment* seg = b->segment;
-    if (seg == nullptr || !seg->expandable) return b->size;
-    const int64_t page = backing.page_size();
-    const int64_t lo = b->ptr - seg->base, hi = lo + b->size;
-    int64_t bytes = 0;
-    for (int64_t p = lo / page; p * page < hi && p < static_cast<int64_t>(seg->page_mapped.size()); ++p)
-      if (seg->page_mapped[static_cast<size_t>(p)]) bytes += std::min(hi, (p + 1) * page) - std::max(lo, p * page);
-    return bytes;
-  };
   for (BlockPool* pool : {&small_pool, &large_pool})
     for (Block* b : pool->blocks) {
-      f.largest_free = std::max(f.largest_free, held(b));
+      f.largest_free = std::max(f.largest_free, held_bytes(b));
       ++f.free_blocks;
     }
   f.config = config;
@@ -334,6 +334,8 @@ void CachingAllocator::retag(void* ptr, TagId tag) {
 
 void CachingAllocator::empty_cache() {
   std::lock_guard<std::mutex> lock(impl_->mutex);
+  // Recorded before the release (its segment_free events follow), so a replay releases at the same point.
+  impl_->record(TraceAction::EmptyCache, 0, 0, 0, nullptr, 0, kUntagged);
   impl_->process_events(true);
   impl_->release_cached(0, false);
 }

@@ -75,7 +75,8 @@ struct FragmentationMetrics {
   int64_t inactive_split_bytes = 0;   // free bytes stranded inside split segments
   int64_t rounding_waste = 0;         // allocated - requested: lost to size rounding
   double peak_fragmentation = 0.0;    // 1 - peak_active / peak_reserved since the last reset
-  int64_t largest_free_block = 0;     // biggest single request the cache could serve without the backing
+  int64_t largest_free_block = 0;     // biggest single request the cache could serve without the backing (a free
+                                      // block of an expandable segment counts only its mapped bytes)
 };
 
 struct BlockSnapshot {

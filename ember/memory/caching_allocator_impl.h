@@ -297,6 +297,9 @@ struct CachingAllocator::Impl {
   inline void* allocate(int64_t nbytes, StreamId stream);
   inline void deallocate(void* ptr);
   [[noreturn]] void throw_oom(int64_t requested, int64_t rounded, StreamId stream);
+  // The bytes of free block `b` that are held from the device: its size, or for a block of an expandable segment
+  // (which may span unmapped pages) only its mapped bytes. Used for the largest free block (OOM facts, fragmentation).
+  int64_t held_bytes(const Block* b) const;
 
   // ---- statistics (caching_allocator_stats.cpp) ------------------------------------------------------------------
   AllocatorStats summary() const;

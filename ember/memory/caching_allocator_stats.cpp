@@ -91,7 +91,7 @@ FragmentationMetrics CachingAllocator::fragmentation() const {
   f.peak_fragmentation =
       pr > 0 ? 1.0 - static_cast<double>(impl_->peak_active_bytes_since_reset) / static_cast<double>(pr) : 0.0;
   for (const BlockPool* pool : {&impl_->small_pool, &impl_->large_pool})
-    for (const Block* b : pool->blocks) f.largest_free_block = std::max(f.largest_free_block, b->size);
+    for (const Block* b : pool->blocks) f.largest_free_block = std::max(f.largest_free_block, impl_->held_bytes(b));
   return f;
 }
 

@@ -16,7 +16,7 @@ namespace ember::memory {
 // One owner's bytes (block bytes after rounding, as allocated_bytes counts them).
 struct TagBytes {
   std::string module;  // dotted module path ("" when no module was running)
-  std::string phase;   // forward | backward | optimizer | data | workspace | other
+  std::string phase;   // parameters | forward | backward | optimizer | data | workspace | other
   int64_t current_bytes = 0;  // allocated now
   int64_t peak_bytes = 0;     // this owner's own high-water mark since the last reset_peak_stats
   int64_t at_peak_bytes = 0;  // allocated at the moment the allocator reached peak_allocated_bytes

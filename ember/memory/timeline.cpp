@@ -24,6 +24,12 @@ namespace {
 // when the trace has no block sizes (files from other tools). The walk follows replay_trace's rules: an id allocated
 // again while live drops the older allocation first (the trace lost its free), and frees of unknown ids are ignored.
 // Sums are checked for int64 overflow, so a hostile file raises FormatError instead of drawing nonsense.
+//
+// Note [Bytes before the trace]: a trace that starts on an allocator already holding memory, or whose ring dropped
+// its oldest events, misses allocations that are still live: the walk undercounts. Each event records the allocator's
+// `allocated` bytes after it; where that exceeds the walked live total, the difference is counted as bytes allocated
+// before the trace (the page draws it as the bottom band "(before the trace)"), so the total after each event is
+// max(walked, recorded). Files without recorded bytes (allocated 0) are the walk alone.
 
 constexpr const char* kUntaggedOwner = "(untagged)";
 
@@ -109,9 +115,11 @@ class LiveSet {
   int64_t total_ = 0;
 };
 
-// Allocated bytes after every event, and the first event where they are highest.
+// Allocated bytes after every event (Note [Bytes before the trace]), and the first event where they are highest.
 struct Totals {
-  std::vector<int64_t> after;
+  std::vector<int64_t> after;   // walked live bytes + before
+  std::vector<int64_t> before;  // bytes live from before the trace's window (recorded allocated - walked, >= 0)
+  bool any_before = false;
   int64_t peak_index = -1;
   int64_t peak = 0;
 };
@@ -119,14 +127,17 @@ struct Totals {
 Totals walk_totals(const std::vector<TraceEvent>& events, Owners& owners) {
   Totals t;
   t.after.resize(events.size());
+  t.before.resize(events.size());
   LiveSet live(owners);
   bool any_alloc = false;
   for (size_t i = 0; i < events.size(); ++i) {
     live.apply(events, i);
-    t.after[i] = live.total();
-    if (events[i].action == TraceAction::Alloc && (!any_alloc || live.total() > t.peak)) {
+    t.before[i] = std::max<int64_t>(0, events[i].allocated - live.total());  // both >= 0: no overflow
+    t.after[i] = live.total() + t.before[i];                                  // == max(walked, recorded)
+    t.any_before = t.any_before || t.before[i] > 0;
+    if (events[i].action == TraceAction::Alloc && (!any_alloc || t.after[i] > t.peak)) {
       any_alloc = true;
-      t.peak = live.total();
+      t.peak = t.after[i];
       t.peak_index = static_cast<int64_t>(i);
     }
   }
@@ -243,6 +254,8 @@ std::string series_color(size_t k) {
   return buf;
 }
 constexpr const char* kOtherColor = "#bab0ac";
+constexpr const char* kBeforeColor = "#e0e0e0";
+constexpr const char* kBeforeName = "(before the trace)";
 
 }  // namespace
 
@@ -394,12 +407,20 @@ void write_timeline_html(const std::vector<TraceEvent>& events, std::ostream& ou
     return s[named] != 0;
   });
 
-  // Scales. x is the event index, or the event time when asked for and the trace has increasing times.
+  // Scales. x is the event index, or the event time when asked for and the trace has increasing times. Times are
+  // taken relative to the first event in int64 (a double cannot tell 2^60 from 2^60 + 1); a zero span, or a step
+  // that is not positive, falls back to the event index.
   bool has_times = std::any_of(events.begin(), events.end(), [](const TraceEvent& e) { return e.time_ns != 0; });
   for (size_t i = 1; has_times && i < n; ++i) has_times = events[i].time_ns >= events[i - 1].time_ns;
-  const bool use_time = options.time_axis && has_times;
-  auto xval = [&](size_t i) { return use_time ? static_cast<double>(events[i].time_ns) : static_cast<double>(i); };
-  const double x0 = xval(0), x1 = std::max(xval(n - 1), x0 + 1.0);
+  int64_t span_ns = 0;
+  if (has_times && __builtin_sub_overflow(events.back().time_ns, events.front().time_ns, &span_ns)) has_times = false;
+  const int64_t t0 = has_times ? events.front().time_ns : 0;
+  auto rel_time = [&](size_t i) { return static_cast<double>(events[i].time_ns - t0); };  // within [0, span_ns]
+  const double time_step = span_ns > 0 ? decimal_step(static_cast<double>(span_ns), 8) : 0.0;
+  const bool use_time = options.time_axis && has_times && span_ns > 0 && time_step > 0.0 && std::isfinite(time_step);
+  auto xval = [&](size_t i) { return use_time ? rel_time(i) : static_cast<double>(i); };
+  const double x0 = 0.0;
+  const double x1 = use_time ? static_cast<double>(span_ns) : std::max(static_cast<double>(n - 1), 1.0);
   int64_t max_reserved = 0;
   for (const TraceEvent& e : events) max_reserved = std::max(max_reserved, e.reserved);
   const double ymax_raw = std::max<double>({static_cast<double>(totals.peak), static_cast<double>(max_reserved), 1.0});
@@ -422,11 +443,10 @@ void write_timeline_html(const std::vector<TraceEvent>& events, std::ostream& ou
       default: break;
     }
   }
-  const double t0 = has_times ? static_cast<double>(events.front().time_ns) : 0.0;
-  const double span = has_times ? static_cast<double>(events.back().time_ns) - t0 : 0.0;
+  const double span = static_cast<double>(span_ns);
   auto when = [&](size_t i) {
     std::string s = "event #" + std::to_string(i);
-    if (has_times) s += " (" + format_time(static_cast<double>(events[i].time_ns) - t0, span) + ")";
+    if (has_times) s += " (" + format_time(rel_time(i), span) + ")";
     return s;
   };
   const std::string title = html_escape(options.title);
@@ -459,6 +479,12 @@ void write_timeline_html(const std::vector<TraceEvent>& events, std::ostream& ou
       << "<div>peak reserved (recorded) <b>" << short_bytes(static_cast<double>(max_reserved)) << "</b></div>"
       << "<div>alive at the peak <b>" << alive.size() << "</b> allocations of <b>" << owners_of(alive, owners).size()
       << "</b> owners</div><div>bands by <b>" << timeline_group_name(options.group) << "</b></div></div>\n";
+  if (totals.any_before) {
+    out << "<p class=\"before-note\">" << short_bytes(static_cast<double>(totals.before[peak_index]))
+        << " of the peak were allocated before the trace's first event (or in events the trace dropped): the "
+           "allocator's recorded bytes exceed what the trace's own events account for. They are drawn as the bottom "
+           "band &ldquo;(before the trace)&rdquo; and are not in the table of allocations below.</p>\n";
+  }
 
   // ---- chart
   out << "<svg id=\"chart\" xmlns=\"http://www.w3.org/2000/svg\" width=\"" << kWidth << "\" height=\"" << kHeight
@@ -469,8 +495,10 @@ void write_timeline_html(const std::vector<TraceEvent>& events, std::ostream& ou
         << fixed1(py(y)) << "\"/><text x=\"" << kLeft - 6 << "\" y=\"" << fixed1(py(y) + 4)
         << "\" text-anchor=\"end\">" << short_bytes(y) << "</text>\n";
   }
-  const double xstep = use_time ? decimal_step(x1 - x0, 8) : std::max(1.0, decimal_step(x1 - x0, 8));
-  for (double dx = 0; x0 + dx <= x1 + xstep * 1e-9; dx += xstep) {
+  const double xstep = use_time ? time_step : std::max(1.0, decimal_step(x1 - x0, 8));
+  for (int k = 0; k <= 100; ++k) {  // about 8 ticks; the count bounds the loop whatever the step
+    const double dx = k * xstep;
+    if (x0 + dx > x1 + xstep * 1e-9) break;
     const double x = x0 + dx;
     const std::string label = use_time ? format_time(dx, span) : std::to_string(static_cast<int64_t>(x));
     out << "<line x1=\"" << fixed1(px(x)) << "\" x2=\"" << fixed1(px(x)) << "\" y1=\"" << base << "\" y2=\""
@@ -483,6 +511,8 @@ void write_timeline_html(const std::vector<TraceEvent>& events, std::ostream& ou
 
   // Bands: cumulative areas, drawn from the largest top down (Note [Timeline downsampling]).
   std::vector<int64_t> cum(buckets, 0);
+  for (size_t b = 0; b < buckets; ++b) cum[b] = totals.before[rep[b]];  // the bottom band (Note [Bytes before ...])
+  const std::vector<int64_t> before_tops = cum;
   std::vector<std::vector<int64_t>> tops(num_series);
   for (size_t k = 0; k < num_series; ++k) {
     for (size_t b = 0; b < buckets; ++b) cum[b] += stack[b][k];
@@ -501,6 +531,14 @@ void write_timeline_html(const std::vector<TraceEvent>& events, std::ostream& ou
     out << ' ' << fixed1(px(xval(rep[buckets - 1]))) << ',' << base << "\"><title>" << html_escape(name);
     if (!other) out << ": " << short_bytes(static_cast<double>(at_peak)) << " at the peak";
     out << "</title></polygon>\n";
+  }
+  if (totals.any_before) {
+    out << "<polygon class=\"band before\" fill=\"" << kBeforeColor << "\" points=\"" << fixed1(px(xval(rep[0])))
+        << ',' << base;
+    for (size_t b = 0; b < buckets; ++b)
+      out << ' ' << fixed1(px(xval(rep[b]))) << ',' << fixed1(py(static_cast<double>(before_tops[b])));
+    out << ' ' << fixed1(px(xval(rep[buckets - 1]))) << ',' << base << "\"><title>" << kBeforeName << ": "
+        << short_bytes(static_cast<double>(totals.before[peak_index])) << " at the peak</title></polygon>\n";
   }
   out << "</g>\n";
 
@@ -554,8 +592,18 @@ void write_timeline_html(const std::vector<TraceEvent>& events, std::ostream& ou
   if (has_other) {
     int64_t rest = 0;
     for (size_t k = named; k < peak_owners.size(); ++k) rest += peak_owners[k].bytes;
+    std::vector<std::string> other_groups;  // the groups summed into the band, not their owner tags
+    for (uint32_t o = 0; o < owners.size(); ++o)
+      if (series_for(o) == named) other_groups.push_back(group_of(owners.name(o)));
+    std::sort(other_groups.begin(), other_groups.end());
+    other_groups.erase(std::unique(other_groups.begin(), other_groups.end()), other_groups.end());
     out << "<li class=\"owner\"><span class=\"sw\" style=\"background:" << kOtherColor << "\"></span>other owners ("
-        << owners.size() - named << ") &mdash; " << short_bytes(static_cast<double>(rest)) << " at the peak</li>\n";
+        << other_groups.size() << ") &mdash; " << short_bytes(static_cast<double>(rest)) << " at the peak</li>\n";
+  }
+  if (totals.any_before) {
+    out << "<li class=\"owner\"><span class=\"sw\" style=\"background:" << kBeforeColor << "\"></span>"
+        << kBeforeName << " &mdash; " << short_bytes(static_cast<double>(totals.before[peak_index]))
+        << " at the peak</li>\n";
   }
   if (max_reserved > 0) out << "<li><span class=\"sw line\"></span>reserved (recorded)</li>\n";
   if (!ooms.empty()) out << "<li><span class=\"sw oom\"></span>out of memory (" << ooms.size() << ")</li>\n";

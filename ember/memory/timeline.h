@@ -1,7 +1,9 @@
 // A picture of memory over time from the allocator's trace: a self-contained HTML page (inline SVG and a little JS,
 // no network) with allocated bytes stacked by owner tag over time, reserved bytes as a line, the peak marked, OOMs
 // marked, and the allocations alive at the peak listed. Invariant: the stacked total at every event equals the
-// trace's allocated bytes after that event (the page is computed from alloc/free events alone).
+// trace's allocated bytes after that event: the bytes of its alloc/free events, plus a bottom band "(before the
+// trace)" where the event's recorded `allocated` exceeds them (memory allocated before the window or in dropped
+// events).
 #pragma once
 
 #include <cstdint>
@@ -36,8 +38,9 @@ void write_timeline_html(const std::vector<TraceEvent>& events, std::ostream& ou
 // What the page shows at the peak, for tests and for the CLI's summary.
 struct TimelinePeak {
   int64_t event_index = -1;    // index of the event after which allocated bytes were highest (first such)
-  int64_t allocated = 0;       // allocated bytes then (sum of the live allocations' block sizes)
-  int64_t live_allocations = 0;
+  int64_t allocated = 0;       // allocated bytes then: the live allocations' block sizes, or the event's recorded
+                               // `allocated` when that is more (bytes from before the trace)
+  int64_t live_allocations = 0;  // the traced allocations alive then
 };
 // {-1, 0, 0} when the trace holds no alloc event.
 TimelinePeak timeline_peak(const std::vector<TraceEvent>& events);

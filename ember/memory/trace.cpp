@@ -92,6 +92,7 @@ constexpr std::pair<TraceAction, const char*> kActionNames[] = {
     {TraceAction::Oom, "oom"},
     {TraceAction::Annotate, "annotate"},
     {TraceAction::Retag, "retag"},
+    {TraceAction::EmptyCache, "empty_cache"},
 };
 }  // namespace
 
@@ -105,7 +106,8 @@ TraceAction parse_trace_action(const std::string& s) {
   for (const auto& [action, name] : kActionNames)
     if (s == name) return action;
   EMBER_THROW(FormatError, "unknown trace action \"", s,
-              "\" (expected alloc, free, segment_alloc, segment_free, segment_map, segment_unmap, oom, annotate or retag)");
+              "\" (expected alloc, free, segment_alloc, segment_free, segment_map, segment_unmap, oom, annotate, retag "
+              "or empty_cache)");
 }
 
 // ---- JSON Lines ----------------------------------------------------------------------------------------------------
@@ -152,6 +154,18 @@ struct Where {
   }
 };
 
+// A JSON value for an error message, never dumped recursively (a hostile file may nest arrays a million deep): a
+// scalar or a short string as written, anything else by its type name.
+std::string describe(const json& v) {
+  if (v.is_number() || v.is_boolean() || v.is_null()) return v.dump();
+  if (v.is_string()) {
+    const size_t n = v.get_ref<const std::string&>().size();
+    if (n > 64) return detail::concat("a string of ", n, " bytes");
+    return v.dump(-1, ' ', false, json::error_handler_t::replace);
+  }
+  return std::string("a JSON ") + v.type_name();
+}
+
 // Reads one event object; every failure names where it is.
 class EventReader {
  public:
@@ -173,7 +187,7 @@ class EventReader {
     const json* v = find(key, required);
     if (!v) return false;
     if (!v->is_number_unsigned())
-      fail(std::string("\"") + key + "\" must be a non-negative integer, got " + v->dump());
+      fail(std::string("\"") + key + "\" must be a non-negative integer, got " + describe(*v));
     out = v->get<uint64_t>();
     return true;
   }
@@ -182,15 +196,15 @@ class EventReader {
     const json* v = find(key, required);
     if (!v) return false;
     const char* want = non_negative ? "a non-negative integer" : "an integer";
-    if (!v->is_number_integer()) fail(std::string("\"") + key + "\" must be " + want + ", got " + v->dump());
+    if (!v->is_number_integer()) fail(std::string("\"") + key + "\" must be " + want + ", got " + describe(*v));
     if (v->is_number_unsigned()) {
       const uint64_t u = v->get<uint64_t>();
       if (u > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()))
-        fail(std::string("\"") + key + "\" is out of range: " + v->dump());
+        fail(std::string("\"") + key + "\" is out of range: " + describe(*v));
       out = static_cast<int64_t>(u);
     } else {
       out = v->get<int64_t>();
-      if (non_negative && out < 0) fail(std::string("\"") + key + "\" must be " + want + ", got " + v->dump());
+      if (non_negative && out < 0) fail(std::string("\"") + key + "\" must be " + want + ", got " + describe(*v));
     }
     return true;
   }
@@ -198,7 +212,7 @@ class EventReader {
   bool get_string(const char* key, bool required, std::string& out) const {
     const json* v = find(key, required);
     if (!v) return false;
-    if (!v->is_string()) fail(std::string("\"") + key + "\" must be a string, got " + v->dump());
+    if (!v->is_string()) fail(std::string("\"") + key + "\" must be a string, got " + describe(*v));
     out = v->get<std::string>();
     return true;
   }
@@ -541,6 +555,8 @@ ReplayResult replay_trace(const std::vector<TraceEvent>& events, const Allocator
       if (it == live.end()) continue;  // never allocated, failed, or freed already
       alloc.deallocate(it->second);
       live.erase(it);
+    } else if (e.action == TraceAction::EmptyCache) {
+      alloc.empty_cache();
     }
   }
 

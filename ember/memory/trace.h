@@ -1,8 +1,8 @@
 // The allocator's event trace: a bounded ring of alloc/free/segment/oom/annotate events, exported as JSON Lines
 // (docs/memory-trace.md) or as a Chrome trace (counter tracks, phase/module slices; opens in Perfetto) that also
 // embeds the raw events, read back from either file format, and replayed through a fresh allocator under another
-// configuration. Invariant: a trace holding only `alloc`/`free` events with id, size and stream is a complete
-// replay input, and both file formats read back to the events written.
+// configuration. Invariant: a trace holding only `alloc`/`free` (and `empty_cache`) events with id, size and stream is
+// a complete replay input, and both file formats read back to the events written.
 #pragma once
 
 #include <atomic>
@@ -27,7 +27,8 @@ enum class TraceAction : uint8_t {
   SegmentUnmap,  // expandable segment shrank
   Oom,           // a request that failed: size; allocated/reserved at the time
   Annotate,      // a user marker: note
-  Retag          // the live allocation id changed owner to tag (its bytes move; replay ignores it)
+  Retag,         // the live allocation id changed owner to tag (its bytes move; replay ignores it)
+  EmptyCache     // empty_cache() was called: recorded before its segment_free events; replay calls it too
 };
 const char* trace_action_name(TraceAction a);
 TraceAction parse_trace_action(const std::string& s);  // FormatError on unknown names
@@ -119,8 +120,10 @@ struct ReplayResult {
 };
 
 // Replays the alloc/free events of a trace through a fresh CachingAllocator over an address-only simulated device
-// of `capacity` bytes (kNoLimit = unbounded) under `config`. Frees of ids that failed or were never allocated are
-// ignored; allocations that fail are counted as OOMs and the replay continues.
+// of `capacity` bytes (kNoLimit = unbounded) under `config`; an empty_cache event calls empty_cache() on it. Frees of
+// ids that failed or were never allocated are ignored; allocations that fail are counted as OOMs and the replay
+// continues. Exact for traces on one stream: a block freed while another stream used it (record_stream) is reused at
+// once in a replay (the trace has no event for the other stream's completion), so a replay can reserve less.
 ReplayResult replay_trace(const std::vector<TraceEvent>& events, const AllocatorConfig& config,
                           int64_t capacity = kNoLimit);
 

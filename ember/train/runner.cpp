@@ -55,6 +55,37 @@ void check_parent_dir(const std::string& path, const char* flag) {
               parent.string(), " does not exist");
 }
 
+// The tensors' shapes from a safetensors file's header (8 bytes of little-endian length, then a JSON object), without
+// reading the data. The caller has read the file's metadata already, so only a file changed since fails here.
+detail::TensorShapes read_tensor_shapes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  unsigned char len_bytes[8] = {};
+  in.read(reinterpret_cast<char*>(len_bytes), 8);
+  uint64_t len = 0;
+  for (int i = 7; i >= 0; --i) len = (len << 8) | len_bytes[i];
+  const uint64_t file_size = in ? static_cast<uint64_t>(std::filesystem::file_size(path)) : 0;
+  EMBER_CHECK(in && len <= file_size - 8, FormatError, "--resume ", path, ": the safetensors header is truncated");
+  std::string header(static_cast<size_t>(len), '\0');
+  in.read(header.data(), static_cast<std::streamsize>(len));
+  EMBER_CHECK(in, FormatError, "--resume ", path, ": the safetensors header is truncated");
+  const nlohmann::json j = nlohmann::json::parse(header, nullptr, /*allow_exceptions=*/false);
+  EMBER_CHECK(j.is_object(), FormatError, "--resume ", path, ": the safetensors header is not a JSON object");
+  detail::TensorShapes shapes;
+  for (const auto& [name, entry] : j.items()) {
+    if (name == "__metadata__") continue;
+    const auto shape = entry.is_object() ? entry.find("shape") : entry.end();
+    EMBER_CHECK(shape != entry.end() && shape->is_array(), FormatError, "--resume ", path, ": tensor ", name,
+                " has no shape");
+    std::vector<int64_t>& dims = shapes[name];
+    for (const auto& d : *shape) {
+      EMBER_CHECK(d.is_number_unsigned() && d.get<uint64_t>() <= uint64_t{1} << 62, FormatError, "--resume ", path,
+                  ": tensor ", name, " has a malformed shape");
+      dims.push_back(d.get<int64_t>());
+    }
+  }
+  return shapes;
+}
+
 int64_t parse_step(const nn::SafetensorsMetadata& meta, const std::string& path) {
   auto it = meta.find("step");
   EMBER_CHECK(it != meta.end(), ValueError, "--resume ", path, ": the checkpoint records no step");
@@ -381,7 +412,13 @@ void TrainRunner::setup() {
       o.steps <= 0 ? -1 : (o.steps > std::numeric_limits<int64_t>::max() / per_step ? -1 : o.steps * per_step);
   s.data_desc = s.task->load_data(planned);
   s.message("data: " + s.data_desc);
-  if (s.resuming) s.task->adopt_architecture(s.resume_meta);
+  if (s.resuming) {
+    try {
+      s.task->adopt_architecture(s.resume_meta, read_tensor_shapes(o.resume_path));
+    } catch (const ValueError& e) {
+      EMBER_THROW(ValueError, "--resume ", o.resume_path, ": ", e.what());
+    }
+  }
   s.model = s.task->build_model();
   s.lr = o.lr > 0 ? o.lr : s.task->default_lr();
   s.trainer = std::make_unique<AmpTrainer>(*s.model, s.task->param_groups(*s.model), s.task->optimizer(s.lr), s.mode);
@@ -403,7 +440,12 @@ void TrainRunner::setup() {
 
   s.per_epoch = s.task->start_data(s.batch, s.step);
   if (o.steps > 0) s.total = o.steps;
-  else if (s.per_epoch > 0) s.total = std::max<int64_t>(o.epochs, 1) * s.per_epoch;
+  else if (s.per_epoch > 0) {
+    const int64_t epochs = std::max<int64_t>(o.epochs, 1);
+    EMBER_CHECK(epochs <= std::numeric_limits<int64_t>::max() / s.per_epoch, ValueError, "--epochs ", epochs,
+                " times ", s.per_epoch, " steps per epoch overflows the step count");
+    s.total = epochs * s.per_epoch;
+  }
   else s.total = s.task->default_steps();
 
   for (optim::ParamGroup& g : s.trainer->optimizer().param_groups()) g.set_lr(s.lr);  // the schedule's base
@@ -601,7 +643,8 @@ std::string RunResult::to_json() const {
   j["steps_skipped"] = steps_skipped;
   j["batch_search"] = !batch_search.empty();
   j["data"] = data;
-  return j.dump();
+  // The data path and the names may hold bytes that are not UTF-8: replaced by U+FFFD, never a throw.
+  return j.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace);
 }
 
 }  // namespace ember::train

@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <optional>
+#include <set>
 
 #include "ember/autograd/functions.h"
 #include "ember/base/error.h"
@@ -225,24 +226,42 @@ class CharGptTask final : public RunTask {
            " characters, vocabulary " + std::to_string(cfg_.vocab_size) + ")";
   }
 
-  void adopt_architecture(const nn::SafetensorsMetadata& meta) override {
+  // Note [Checkpoint architecture]
+  // The metadata is only text beside the tensors: every entry is checked against the tensors themselves (n_layer is
+  // the number of blocks transformer.h.<i> present, vocab_size and n_embd the embedding's shape, block_size the
+  // position table's rows) and against sane bounds before a model is built from it, and the vocabulary is compared
+  // as text (its characters in id order) so that another text with as many characters is refused too. A checkpoint
+  // without the "vocabulary" entry is compared by size only.
+  void adopt_architecture(const nn::SafetensorsMetadata& meta, const TensorShapes& shapes) override {
     struct Field {
       const char* key;
       const char* flag;
       int64_t given;
       int64_t* value;
+      int64_t max;
     };
-    const Field fields[] = {{"n_layer", "--n-layer", o_.n_layer, &cfg_.n_layer},
-                            {"n_head", "--n-head", o_.n_head, &cfg_.n_head},
-                            {"n_embd", "--n-embd", o_.n_embd, &cfg_.n_embd},
-                            {"block_size", "--block-size", o_.block_size, &cfg_.block_size}};
+    const Field fields[] = {{"n_layer", "--n-layer", o_.n_layer, &cfg_.n_layer, kMaxLayers},
+                            {"n_head", "--n-head", o_.n_head, &cfg_.n_head, kMaxWidth},
+                            {"n_embd", "--n-embd", o_.n_embd, &cfg_.n_embd, kMaxWidth},
+                            {"block_size", "--block-size", o_.block_size, &cfg_.block_size, kMaxBlock}};
     for (const Field& f : fields) {
       const int64_t saved = meta_int(meta, f.key);
+      EMBER_CHECK(saved <= f.max, ValueError, "the checkpoint's ", f.key, " ", saved, " exceeds ", f.max);
       EMBER_CHECK(f.given == 0 || f.given == saved, ValueError, f.flag, " ", f.given,
                   " does not match the checkpoint's ", saved);
       *f.value = saved;
     }
     const int64_t vocab = meta_int(meta, "vocab_size");
+    EMBER_CHECK(cfg_.n_embd % cfg_.n_head == 0, ValueError, "the checkpoint's n_head ", cfg_.n_head,
+                " does not divide its n_embd ", cfg_.n_embd);
+    check_tensors(shapes, vocab);
+    auto text = meta.find("vocabulary");
+    if (text != meta.end()) {
+      const std::string ours = vocabulary_text();
+      EMBER_CHECK(text->second == ours, ValueError, "the checkpoint's vocabulary (", vocab,
+                  " characters) is not the data's (", cfg_.vocab_size, " characters",
+                  vocab == cfg_.vocab_size ? ", other ones" : "", "; a different text?)");
+    }
     EMBER_CHECK(vocab == cfg_.vocab_size, ValueError, "the checkpoint's vocabulary has ", vocab,
                 " characters, the data's ", cfg_.vocab_size, " (a different text?)");
   }
@@ -252,7 +271,8 @@ class CharGptTask final : public RunTask {
             {"n_head", std::to_string(cfg_.n_head)},
             {"n_embd", std::to_string(cfg_.n_embd)},
             {"block_size", std::to_string(cfg_.block_size)},
-            {"vocab_size", std::to_string(cfg_.vocab_size)}};
+            {"vocab_size", std::to_string(cfg_.vocab_size)},
+            {"vocabulary", vocabulary_text()}};
   }
 
   std::shared_ptr<nn::Module> build_model() override {
@@ -351,6 +371,51 @@ class CharGptTask final : public RunTask {
   }
 
   nn::GPTConfig cfg_;
+  static constexpr int64_t kMaxLayers = 4096, kMaxWidth = int64_t{1} << 16, kMaxBlock = int64_t{1} << 20;
+
+  // The vocabulary's characters in id order, as UTF-8.
+  std::string vocabulary_text() const {
+    std::vector<int64_t> ids(static_cast<size_t>(cfg_.vocab_size));
+    for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int64_t>(i);
+    return ds_->decode(ids);
+  }
+
+  // The metadata (already in cfg_, and `vocab`) against the tensors' shapes: Note [Checkpoint architecture].
+  void check_tensors(const TensorShapes& shapes, int64_t vocab) const {
+    auto shape_of = [&](const std::string& name) -> const std::vector<int64_t>& {
+      auto it = shapes.find(name);
+      EMBER_CHECK(it != shapes.end(), ValueError, "the checkpoint has no tensor ", name);
+      EMBER_CHECK(it->second.size() == 2, ValueError, "the checkpoint's ", name, " has ", it->second.size(),
+                  " dimensions, not 2");
+      return it->second;
+    };
+    const std::vector<int64_t>& wte = shape_of("transformer.wte.weight");
+    EMBER_CHECK(wte[0] == vocab, ValueError, "the checkpoint's vocab_size ", vocab,
+                " does not match its embedding's ", wte[0], " rows");
+    EMBER_CHECK(wte[1] == cfg_.n_embd, ValueError, "the checkpoint's n_embd ", cfg_.n_embd,
+                " does not match its embedding's ", wte[1], " columns");
+    const std::vector<int64_t>& wpe = shape_of("transformer.wpe.weight");
+    EMBER_CHECK(wpe[0] == cfg_.block_size && wpe[1] == cfg_.n_embd, ValueError, "the checkpoint's block_size ",
+                cfg_.block_size, " and n_embd ", cfg_.n_embd, " do not match its position table [", wpe[0], ", ",
+                wpe[1], "]");
+    const std::string prefix = "transformer.h.";
+    std::set<int64_t> blocks;
+    for (const auto& entry : shapes) {
+      const std::string& name = entry.first;
+      if (name.rfind(prefix, 0) != 0) continue;
+      const size_t dot = name.find('.', prefix.size());
+      const std::string index = name.substr(prefix.size(), dot == std::string::npos ? dot : dot - prefix.size());
+      EMBER_CHECK(!index.empty() && index.size() <= 9 &&
+                      index.find_first_not_of("0123456789") == std::string::npos,
+                  ValueError, "the checkpoint's tensor ", name, " is not in a numbered transformer block");
+      blocks.insert(std::stoll(index));
+    }
+    const int64_t present = static_cast<int64_t>(blocks.size());
+    EMBER_CHECK(present == cfg_.n_layer && (blocks.empty() || *blocks.rbegin() == present - 1), ValueError,
+                "the checkpoint's n_layer ", cfg_.n_layer, " does not match its tensors (", present,
+                " transformer blocks)");
+  }
+
   std::unique_ptr<data::CharDataset> ds_;
   std::unique_ptr<Generator> train_gen_, eval_gen_;
   int64_t batch_ = 12, evaluated_at_ = -1;

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -20,6 +21,9 @@
 
 namespace ember::train::detail {
 
+// The tensors a safetensors file holds, name -> shape (read from its header without the data).
+using TensorShapes = std::map<std::string, std::vector<int64_t>>;
+
 class RunTask {
  public:
   RunTask(const RunnerOptions& options, uint64_t seed) : o_(options), seed_(seed) {}
@@ -30,9 +34,10 @@ class RunTask {
   // Loads or generates the data; `planned_samples` bounds what the run can draw (-1: a whole data set). Returns a
   // description ("real MNIST (60000 train, 10000 test images) from DIR").
   virtual std::string load_data(int64_t planned_samples) = 0;
-  // Checks a resume file's architecture entries against the options, adopting the ones the options left unset
-  // (ValueError on a mismatch). Before build_model.
-  virtual void adopt_architecture(const nn::SafetensorsMetadata& meta) {}
+  // Checks a resume file's architecture entries against the options and against the file's own tensor shapes
+  // (`shapes`: name -> shape, from the header), adopting the entries the options left unset (ValueError on a
+  // mismatch). Before build_model.
+  virtual void adopt_architecture(const nn::SafetensorsMetadata& meta, const TensorShapes& shapes) {}
   virtual nn::SafetensorsMetadata architecture() const { return {}; }  // what a checkpoint records
   virtual std::shared_ptr<nn::Module> build_model() = 0;  // seeded, on the device
 

@@ -150,7 +150,8 @@ std::string SystemInfo::to_json() const {
                      {"effective", alloc_conf_error.empty() ? json(alloc_conf_effective) : json()},
                      {"error", text_or_null(alloc_conf_error)},
                      {"cpu_allocator", alloc_conf_error.empty() ? json(cpu_allocator_conf) : json()}};
-  return j.dump();
+  // EMBER_ALLOC_CONF (and the error quoting it) may hold any bytes: invalid UTF-8 becomes U+FFFD, never a throw.
+  return j.dump(-1, ' ', false, json::error_handler_t::replace);
 }
 
 std::string SystemInfo::to_string() const {

@@ -391,7 +391,7 @@ TEST(CachingTrace, EventsCarryActionsAndIds) {
   const std::vector<TraceEvent> ev = a->trace();
   const TraceAction want[] = {TraceAction::SegmentAlloc, TraceAction::Alloc, TraceAction::SegmentAlloc,
                               TraceAction::Alloc,        TraceAction::Free,  TraceAction::Annotate,
-                              TraceAction::SegmentFree,  TraceAction::Oom};
+                              TraceAction::EmptyCache,   TraceAction::SegmentFree, TraceAction::Oom};
   ASSERT_EQ(ev.size(), std::size(want));
   for (size_t i = 0; i < ev.size(); ++i) EXPECT_EQ(ev[i].action, want[i]) << i;
   EXPECT_EQ(ev[0].size, 2 * MiB);
@@ -410,9 +410,10 @@ TEST(CachingTrace, EventsCarryActionsAndIds) {
   EXPECT_EQ(ev[4].id, 1u);
   EXPECT_EQ(ev[4].size, 1000);
   EXPECT_EQ(ev[5].note, "step 1");
-  EXPECT_EQ(ev[6].size, 2 * MiB);
-  EXPECT_EQ(ev[6].reserved, 20 * MiB);
-  EXPECT_EQ(ev[7].size, 100 * MiB);
+  EXPECT_EQ(ev[6].reserved, 22 * MiB);  // empty_cache is recorded before it releases
+  EXPECT_EQ(ev[7].size, 2 * MiB);
+  EXPECT_EQ(ev[7].reserved, 20 * MiB);
+  EXPECT_EQ(ev[8].size, 100 * MiB);
   for (size_t i = 1; i < ev.size(); ++i) EXPECT_LE(ev[i - 1].time_ns, ev[i].time_ns);
   a->disable_trace();
   a->deallocate(q);
@@ -431,8 +432,9 @@ TEST(CachingTrace, ExpandableSegmentsTraceMapAndUnmap) {
   std::vector<TraceAction> got;
   for (const TraceEvent& e : a->trace())
     if (e.action != TraceAction::Alloc && e.action != TraceAction::Free) got.push_back(e.action);
-  const std::vector<TraceAction> want = {TraceAction::SegmentMap, TraceAction::SegmentMap, TraceAction::SegmentUnmap,
-                                         TraceAction::SegmentUnmap};
+  const std::vector<TraceAction> want = {TraceAction::SegmentMap,   TraceAction::SegmentMap,
+                                         TraceAction::EmptyCache,   TraceAction::SegmentUnmap,
+                                         TraceAction::EmptyCache,   TraceAction::SegmentUnmap};
   EXPECT_EQ(got, want);
   EXPECT_TRUE(a->snapshot().empty());
 }

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <random>
@@ -639,3 +640,87 @@ TEST(ReplayExactness, MaxSplitSizeAndGarbageCollection) {
 TEST(ReplayExactness, RoundupDivisions) { expect_exact_replay("roundup_power2_divisions:4"); }
 
 TEST(ReplayExactness, ExpandableSegments) { expect_exact_replay("expandable_segments:True"); }
+
+// ---- bytes from before the trace, equal large times, the "other owners" count -------------------------------------
+
+namespace {
+
+// Writes the page for two events at the same time past 2^53 ns with time_axis and exits 0 once it is written (SIGALRM
+// ends the child after 5 s otherwise): with equal times the x span is 0 and the axis falls back to the event index.
+[[noreturn]] void write_page_with_equal_large_times() {
+  alarm(5);
+  const int64_t t = int64_t{1} << 60;
+  const std::vector<TraceEvent> events = {ev(TraceAction::Alloc, 1, 512, 512, "", t),
+                                          ev(TraceAction::Free, 1, 512, 512, "", t)};
+  TimelineOptions o;
+  o.time_axis = true;
+  std::ostringstream page;
+  write_timeline_html(events, page, o);
+  const std::string text = page.str();
+  std::_Exit(text.find("</html>") != std::string::npos && text.find("event index") != std::string::npos ? 0 : 1);
+}
+
+}  // namespace
+
+// A ring that dropped its oldest events misses an allocation that is still live. By hand: 10 MiB live all along plus
+// 1 MiB transients: the recorded allocated bytes peak at 11 MiB, of which 10 MiB come from before the trace's window.
+TEST(Timeline, PeakCountsBytesLiveBeforeTheTraceWindow) {
+  CachingAllocator a(make_simulated_backing(int64_t{16} << 30, /*materialize=*/false));
+  a.enable_trace(8);
+  void* held = a.allocate(10 * MiB);
+  for (int i = 0; i < 8; ++i) a.deallocate(a.allocate(MiB));
+  const std::vector<TraceEvent> events = a.trace();
+  ASSERT_GT(a.trace_dropped(), 0u);
+  const TimelinePeak peak = timeline_peak(events);
+  EXPECT_EQ(peak.allocated, 11 * MiB);
+  EXPECT_EQ(peak.live_allocations, 1);  // the traced 1 MiB block
+  std::ostringstream page;
+  write_timeline_html(events, page);
+  const std::string text = page.str();
+  EXPECT_NE(text.find("(before the trace)"), std::string::npos);
+  EXPECT_NE(text.find("10 MiB of the peak were allocated before the trace"), std::string::npos);
+  EXPECT_NE(text.find("peak allocated <b>11 MiB</b>"), std::string::npos);
+  a.deallocate(held);
+
+  // Without recorded bytes (a file from another tool) the page is the walk alone: no band, the walked peak.
+  std::vector<TraceEvent> bare = events;
+  for (TraceEvent& e : bare) e.allocated = 0;
+  EXPECT_EQ(timeline_peak(bare).allocated, MiB);
+  std::ostringstream bare_page;
+  write_timeline_html(bare, bare_page);
+  EXPECT_EQ(bare_page.str().find("(before the trace)"), std::string::npos);
+}
+
+TEST(Timeline, TimeAxisWithEqualLargeTimesTerminates) {
+  EXPECT_EXIT(write_page_with_equal_large_times(), ::testing::ExitedWithCode(0), "");
+}
+
+// Times past 2^53 that differ by a few nanoseconds are told apart (the span is taken in int64 from the first event).
+TEST(Timeline, TimeAxisWithCloseLargeTimes) {
+  const int64_t t = (int64_t{1} << 60) + 1;
+  const std::vector<TraceEvent> events = {ev(TraceAction::Alloc, 1, 512, 512, "", t),
+                                          ev(TraceAction::Free, 1, 512, 512, "", t + 8)};
+  TimelineOptions o;
+  o.time_axis = true;
+  std::ostringstream page;
+  write_timeline_html(events, page, o);
+  EXPECT_NE(page.str().find("time since the first event"), std::string::npos);
+  EXPECT_NE(page.str().find(">8 ns<"), std::string::npos);  // the last tick: 8 ns after the first event
+}
+
+// "other owners (N)" counts the groups summed into the band, not their owner tags. By hand: bands by phase, one named
+// band (forward, 3 MiB at the peak); backward (2 tags) and optimizer (1 tag) are 2 groups.
+TEST(Timeline, OtherOwnersCountsGroups) {
+  const std::vector<TraceEvent> events = {
+      ev(TraceAction::Alloc, 1, 3 * MiB, 3 * MiB, "M.a/forward"), ev(TraceAction::Alloc, 2, MiB, MiB, "M.a/backward"),
+      ev(TraceAction::Alloc, 3, MiB, MiB, "M.b/backward"), ev(TraceAction::Alloc, 4, 512, 512, "/optimizer")};
+  TimelineOptions o;
+  o.group = TimelineGroup::Phase;
+  o.max_series = 1;
+  std::ostringstream page;
+  write_timeline_html(events, page, o);
+  const std::string text = page.str();
+  const size_t at = text.find("other owners (");
+  ASSERT_NE(at, std::string::npos);
+  EXPECT_EQ(text.substr(at, 16), "other owners (2)");
+}

@@ -597,3 +597,92 @@ TEST(TraceReplay, RecordedTraceReplaysToTheSamePeaks) {
   EXPECT_EQ(r.num_allocs, 24);
   EXPECT_EQ(r.num_ooms, 0);
 }
+
+// ---- empty_cache in a trace, hostile nesting, largest free block of expandable segments ----------------------------
+
+// Replay calls empty_cache() where the recording allocator did. By hand: a 30 MiB segment, freed and released, then a
+// 40 MiB segment: peak reserved 40 MiB (a replay that kept the 30 MiB cached would reserve 70 MiB).
+TEST(TraceReplay, EmptyCacheEventIsReplayed) {
+  auto a = std::make_unique<CachingAllocator>(make_simulated_backing(int64_t{16} << 30, /*materialize=*/false));
+  a->enable_trace(1024);
+  a->deallocate(a->allocate(30 * MiB));
+  a->empty_cache();
+  a->deallocate(a->allocate(40 * MiB));
+  ASSERT_EQ(a->stats().peak_reserved_bytes, 40 * MiB);
+  const std::vector<TraceEvent> events = a->trace();
+  // alloc, free, empty_cache, then the 30 MiB segment_free that empty_cache caused.
+  ASSERT_GE(events.size(), 6u);
+  size_t at = events.size();
+  for (size_t i = 0; i < events.size(); ++i)
+    if (events[i].action == TraceAction::EmptyCache) at = i;
+  ASSERT_LT(at + 1, events.size());
+  EXPECT_EQ(events[at + 1].action, TraceAction::SegmentFree);
+  EXPECT_EQ(events[at + 1].size, 30 * MiB);
+  EXPECT_EQ(events[at].reserved, 30 * MiB);  // recorded before the release
+
+  const ReplayResult r = replay_trace(events, a->config());
+  EXPECT_EQ(r.peak_reserved, 40 * MiB);
+  EXPECT_EQ(r.num_device_allocs, 2);
+
+  // The action's name, through JSON Lines and back.
+  EXPECT_STREQ(trace_action_name(TraceAction::EmptyCache), "empty_cache");
+  EXPECT_EQ(parse_trace_action("empty_cache"), TraceAction::EmptyCache);
+  std::stringstream jsonl;
+  write_trace_jsonl(events, jsonl);
+  EXPECT_NE(jsonl.str().find("\"action\":\"empty_cache\""), std::string::npos);
+  const std::vector<TraceEvent> back = read_trace_jsonl(jsonl);
+  ASSERT_EQ(back.size(), events.size());
+  EXPECT_EQ(back[at].action, TraceAction::EmptyCache);
+  EXPECT_EQ(replay_trace(back, a->config()).peak_reserved, 40 * MiB);
+}
+
+// A hostile trace: a required key holding an array nested 100000 deep. The error names the key and the value's type
+// (it must not print the value, which would recurse once per level).
+TEST(TraceReader, DeeplyNestedValueIsAFormatError) {
+  const size_t depth = 100000;
+  const std::string text = "{\"action\":\"alloc\",\"id\":" + std::string(depth, '[') + std::string(depth, ']') +
+                           ",\"size\":1,\"stream\":0}\n";
+  try {
+    parse_trace_text(text, "deep.jsonl");
+    FAIL() << "no FormatError";
+  } catch (const FormatError& e) {
+    const std::string what = e.what();
+    EXPECT_LT(what.size(), 300u) << what;
+    EXPECT_NE(what.find("\"id\""), std::string::npos) << what;
+    EXPECT_NE(what.find("array"), std::string::npos) << what;
+  }
+  // Short scalars are still quoted as written; long strings by their length.
+  try {
+    parse_trace_text("{\"action\":\"alloc\",\"id\":-3,\"size\":1,\"stream\":0}\n", "neg.jsonl");
+    FAIL() << "no FormatError";
+  } catch (const FormatError& e) {
+    EXPECT_NE(std::string(e.what()).find("got -3"), std::string::npos) << e.what();
+  }
+  try {
+    parse_trace_text("{\"action\":\"alloc\",\"id\":\"" + std::string(1000, 'x') + "\",\"size\":1,\"stream\":0}\n",
+                     "long.jsonl");
+    FAIL() << "no FormatError";
+  } catch (const FormatError& e) {
+    EXPECT_NE(std::string(e.what()).find("a string of 1000 bytes"), std::string::npos) << e.what();
+  }
+}
+
+// fragmentation().largest_free_block counts only the mapped bytes of a free block of an expandable segment (the
+// bytes the cache could hand out without the device). By hand: three 8 MiB blocks in one expandable segment (2 MiB
+// pages); freeing the middle one leaves an 8 MiB free block, fully mapped; empty_cache() unmaps its four pages (the
+// segment cannot shrink: its last block is live), so the cache holds no free mapped byte.
+TEST(TraceReplay, LargestFreeBlockCountsOnlyMappedBytes) {
+  auto a = std::make_unique<CachingAllocator>(make_simulated_backing(int64_t{1} << 30, /*materialize=*/false),
+                                              parse_alloc_config("expandable_segments:True"));
+  void* p0 = a->allocate(8 * MiB);
+  void* p1 = a->allocate(8 * MiB);
+  void* p2 = a->allocate(8 * MiB);
+  a->deallocate(p1);
+  EXPECT_EQ(a->fragmentation().largest_free_block, 8 * MiB);
+  a->empty_cache();
+  EXPECT_EQ(a->stats().reserved_bytes, 16 * MiB);
+  EXPECT_EQ(a->fragmentation().largest_free_block, 0);
+  a->deallocate(p0);  // merges with the unmapped hole: 8 MiB mapped of 16 MiB free
+  EXPECT_EQ(a->fragmentation().largest_free_block, 8 * MiB);
+  a->deallocate(p2);
+}
