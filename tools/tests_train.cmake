@@ -3,13 +3,17 @@
 # error, the JSON object on stdout's last line, output patterns and written files. Every run is a few steps on
 # generated data, so the whole file stays within seconds on two cores.
 #
-# Checker variables (-D...): EMBER (the program), ARGS (its arguments, space-separated), MODE (run | error | resume),
+# Checker variables (-D...): EMBER (the program), ARGS (its arguments, space-separated), MODE (run | error | resume |
+#   exact),
 #   EXPECT  space-separated checks of the JSON's keys: key=number|string|null|bool|any|<exact value>; a dotted key
 #           walks into objects (build.cuda=bool)
 #   MATCH   a regular expression the combined output must contain
 #   FILES   space-separated FILE:TEXT pairs: the file must exist and contain TEXT
 #   RESUME_ARGS (resume) the second run's arguments; its JSON is checked with EXPECT
 #   REJECT_ARGS, REJECT_MATCH (resume) a third run that must fail with one line matching REJECT_MATCH
+#   SPLIT_ARGS, RESUME_ARGS, SAME (exact) ARGS runs straight through, SPLIT_ARGS runs the first part and RESUME_ARGS
+#           resumes it; SAME names the two files that must be byte-identical (the straight run's and the resumed
+#           run's checkpoints: weights, optimizer state, manifest and all)
 
 if(CMAKE_SCRIPT_MODE_FILE)
   separate_arguments(_args UNIX_COMMAND "${ARGS}")
@@ -66,6 +70,25 @@ if(CMAKE_SCRIPT_MODE_FILE)
       message(FATAL_ERROR "the message does not match '${MATCH}': ${_err}")
     endif()
     message(STATUS "${_err}")
+  elseif(MODE STREQUAL "exact")
+    separate_arguments(_split UNIX_COMMAND "${SPLIT_ARGS}")
+    separate_arguments(_resume UNIX_COMMAND "${RESUME_ARGS}")
+    separate_arguments(_same UNIX_COMMAND "${SAME}")
+    list(GET _same 0 _file_a)
+    list(GET _same 1 _file_b)
+    file(REMOVE ${_file_a} ${_file_b})
+    foreach(_run _args _split _resume)
+      _run_ember(_out _err _rc ${${_run}})
+      if(NOT _rc STREQUAL "0")
+        message(FATAL_ERROR "`ember ${${_run}}` failed (${_rc}):\n${_out}\n${_err}")
+      endif()
+    endforeach()
+    file(SHA256 ${_file_a} _hash_a)
+    file(SHA256 ${_file_b} _hash_b)
+    if(NOT _hash_a STREQUAL _hash_b)
+      message(FATAL_ERROR "${_file_a} and ${_file_b} differ: the resumed run is not bit-identical")
+    endif()
+    message(STATUS "${_file_a} == ${_file_b} (sha256 ${_hash_a})")
   elseif(MODE STREQUAL "resume")
     _run_ember(_out _err _rc ${_args})
     if(NOT _rc STREQUAL "0")
@@ -120,9 +143,9 @@ file(MAKE_DIRECTORY ${_train_dir})
 # ember_train_test(NAME MODE ARGS [EXPECT ...] [MATCH ...] [FILES ...] [RESUME_ARGS ...]
 #                  [REJECT_ARGS ... REJECT_MATCH ...])
 function(ember_train_test name mode args)
-  cmake_parse_arguments(T "" "EXPECT;MATCH;FILES;RESUME_ARGS;REJECT_ARGS;REJECT_MATCH" "" ${ARGN})
+  cmake_parse_arguments(T "" "EXPECT;MATCH;FILES;RESUME_ARGS;REJECT_ARGS;REJECT_MATCH;SPLIT_ARGS;SAME" "" ${ARGN})
   set(_defs -DEMBER=$<TARGET_FILE:ember_cli> -DMODE=${mode} "-DARGS=${args}")
-  foreach(_var EXPECT MATCH FILES RESUME_ARGS REJECT_ARGS REJECT_MATCH)
+  foreach(_var EXPECT MATCH FILES RESUME_ARGS REJECT_ARGS REJECT_MATCH SPLIT_ARGS SAME)
     if(DEFINED T_${_var})
       list(APPEND _defs "-D${_var}=${T_${_var}}")
     endif()
@@ -168,6 +191,13 @@ ember_train_test(train_save_resume resume "train ${_tiny_gpt} --steps 2 --save r
   MATCH "resumed from resume.safetensors at step 2"
   REJECT_ARGS "train --model mlp --resume resume.safetensors"
   REJECT_MATCH "holds a char-gpt model, not mlp")
+# Bit-exact resume (docs/reliability.md): 20 steps straight, and 10 steps + --save + --resume to step 20, write
+# byte-identical checkpoints. The standard tasks' lr is constant, so the first run's shorter --steps changes nothing
+# but where it stops.
+ember_train_test(train_resume_bit_exact exact "train --model mlp --batch-size 16 --steps 20 --quiet --save exact_a.st"
+  SPLIT_ARGS "train --model mlp --batch-size 16 --steps 10 --quiet --save exact_b.st"
+  RESUME_ARGS "train --model mlp --batch-size 16 --steps 20 --quiet --resume exact_b.st --save exact_c.st"
+  SAME "exact_a.st exact_c.st")
 # The trace of the first steps as a Chrome trace and a timeline page.
 ember_train_test(train_trace_html run
   "train --model mlp --steps 3 --trace-steps 2 --batch-size 16 --trace trace.json --html timeline.html"

@@ -127,8 +127,10 @@ void add_train_command(CLI::App& app) {
   cmd->add_option("--block-size", o.block_size, "char-gpt: context length (default 64)");
   cmd->add_option("--eval-interval", o.eval_interval, "char-gpt: evaluate every N steps")->capture_default_str();
   cmd->add_option("--eval-iters", o.eval_iters, "char-gpt: batches per evaluation")->capture_default_str();
-  cmd->add_option("--save", o.save_path, "write a safetensors checkpoint at the end");
-  cmd->add_option("--resume", o.resume_path, "continue from a checkpoint written by --save");
+  cmd->add_option("--save", o.save_path,
+                  "write a training checkpoint at the end, atomically (weights, optimizer, schedule, RNG and loader "
+                  "state; safetensors)");
+  cmd->add_option("--resume", o.resume_path, "continue bit-exactly from a checkpoint written by --save");
   cmd->add_option("--trace", o.trace_path, "write the allocator's trace (Chrome JSON; .jsonl: JSON Lines)");
   cmd->add_option("--html", o.html_path, "write the memory timeline page");
   cmd->add_option("--trace-steps", o.trace_steps, "steps traced (from program start)")->capture_default_str();

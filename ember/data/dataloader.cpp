@@ -98,7 +98,8 @@ struct DataLoader::Epoch {
 
   // The consumer's side.
   int64_t next_batch = 0;                      // map-style: the next batch index to deliver
-  int64_t delivered = 0;                       // batches delivered so far (the next Batch::index)
+  int64_t delivered = 0;                       // host batches produced so far (the next Batch::index)
+  int64_t handed_out = 0;                      // batches next() returned (behind `delivered` on CUDA)
   int64_t turn = 0;                            // streams with workers: the worker to take from next
   std::vector<bool> exhausted;                 // streams with workers: finished and drained
   std::unique_ptr<ExampleStream> inline_stream;  // streams without workers
@@ -369,6 +370,12 @@ struct DataLoader::Epoch {
     copier->hand_over(f.ticket);
     return std::move(f.batch);
   }
+
+  // Note [Loader position]: a stream's first `n` batches, read and dropped (they carry no device copies yet).
+  void discard_stream_batches(int64_t n) {
+    for (int64_t i = 0; i < n; ++i)
+      if (!next_host()) break;
+  }
 };
 
 // --- DataLoader ---------------------------------------------------------------------------------------------------
@@ -436,14 +443,18 @@ void DataLoader::start_epoch() {
   e->options = options_;
   e->epoch = next_epoch_;
   e->pinned = options_.pin_memory || options_.device.is_cuda();
+  const int64_t skip = std::exchange(skip_, 0);
   if (dataset_) {
     const std::vector<int64_t> order = sampler_->indices(dataset_->size(), e->epoch);
     const int64_t n = static_cast<int64_t>(order.size()), b = options_.batch_size;
     const int64_t batches = batch_count(n, b, options_.drop_last);
-    for (int64_t k = 0; k < batches; ++k) {
+    // Note [Loader position]: the consumed batches leave the plan, so no worker loads their samples.
+    const int64_t first = std::min(skip, batches);
+    for (int64_t k = first; k < batches; ++k) {
       const int64_t lo = k * b, hi = std::min(n, lo + b);
       e->plan.emplace_back(order.begin() + lo, order.begin() + hi);
     }
+    e->delivered = e->handed_out = first;
   }
   if (options_.device.is_cuda()) {
     if (!copier_) copier_ = std::make_unique<DeviceCopier>(options_.device);  // one copy stream per loader
@@ -452,12 +463,40 @@ void DataLoader::start_epoch() {
   current_epoch_ = next_epoch_;
   next_epoch_ = current_epoch_ + 1;
   e->start_workers();
+  if (stream_ && skip > 0) {
+    e->discard_stream_batches(skip);
+    e->handed_out = e->delivered;
+  }
   epoch_ = std::move(e);
 }
 
 std::optional<Batch> DataLoader::next() {
   if (!epoch_) start_epoch();
-  return epoch_->next();
+  std::optional<Batch> b = epoch_->next();
+  if (b) ++epoch_->handed_out;
+  return b;
+}
+
+LoaderState DataLoader::state() const {
+  if (epoch_) return {current_epoch_, epoch_->handed_out, options_.seed};
+  return {next_epoch_, skip_, options_.seed};
+}
+
+void DataLoader::load_state(const LoaderState& s) {
+  EMBER_CHECK(s.epoch >= 0 && s.batches_consumed >= 0, ValueError, "DataLoader::load_state: epoch ", s.epoch,
+              " and batches consumed ", s.batches_consumed, " must be >= 0");
+  if (dataset_) {
+    // The epoch's batch count under the state's seed (a sampler's count does not depend on its seed or epoch).
+    const int64_t batches = num_batches();
+    EMBER_CHECK(s.batches_consumed <= batches, ValueError, "DataLoader::load_state: ", s.batches_consumed,
+                " batches consumed, but an epoch of this loader has ", batches,
+                " (another dataset size, batch size or drop_last?)");
+  }
+  stop_epoch();
+  options_.seed = s.seed;
+  if (dataset_ && options_.shuffle && !options_.sampler) sampler_ = std::make_shared<RandomSampler>(s.seed);
+  next_epoch_ = s.epoch;
+  skip_ = s.batches_consumed;
 }
 
 DataLoader::Iterator::Iterator(DataLoader* loader) : loader_(loader) { current_ = loader_->next(); }

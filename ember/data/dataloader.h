@@ -29,6 +29,15 @@ struct Batch {
   int64_t size() const { return data.defined() ? data.size(0) : 0; }
 };
 
+// Where a loader stands (DataLoader::state): the epoch the next batch comes from, how many batches of it were already
+// delivered, and the seed that keys the shuffle and the per-sample transforms. Together with the dataset and the
+// options this determines every batch still to come (Note [Loader position]).
+struct LoaderState {
+  int64_t epoch = 0;
+  int64_t batches_consumed = 0;
+  uint64_t seed = 0;
+};
+
 struct DataLoaderOptions {
   int64_t batch_size = 1;
   bool shuffle = false;      // a RandomSampler(seed) instead of the SequentialSampler (map-style; not with sampler)
@@ -63,9 +72,26 @@ class DataLoader {
   int64_t num_samples() const;
 
   // The epoch the next start_epoch() runs (epochs count up from 0 by themselves; set_epoch overrides, as
-  // DistributedSampler.set_epoch does in PyTorch).
-  void set_epoch(int64_t epoch) { next_epoch_ = epoch; }
+  // DistributedSampler.set_epoch does in PyTorch, and cancels a position load_state left pending).
+  void set_epoch(int64_t epoch) {
+    next_epoch_ = epoch;
+    skip_ = 0;
+  }
   int64_t epoch() const { return current_epoch_; }
+
+  // Note [Loader position]
+  // A map-style epoch's batches are fixed by (sampler, dataset size, epoch) and each sample's transforms by
+  // (seed, epoch, index), so (epoch, batches consumed, seed) pins down every batch still to come, whatever the worker
+  // count and however far the workers had prefetched. state() is that position: during an epoch, its number and the
+  // batches next() has returned from it (an epoch that ran out reports all of them); between epochs, the epoch the
+  // next start_epoch() runs and 0. load_state() ends the epoch in progress, adopts the seed (the shuffle's too, unless
+  // the options gave a sampler, which keys its own order) and makes the next start_epoch() — or next(), which starts
+  // one — resume there: map-style loaders drop the consumed batches from the epoch's plan without loading a sample;
+  // streaming loaders have no random access, so they read the consumed batches again and discard them (the same
+  // batches, since a stream's order depends only on (seed, epoch, worker count)). ValueError for a negative epoch or
+  // count, or more consumed batches than a map-style epoch has.
+  LoaderState state() const;
+  void load_state(const LoaderState& state);
 
   // Starts an epoch (ending one in progress) and its workers.
   void start_epoch();
@@ -111,6 +137,7 @@ class DataLoader {
   std::unique_ptr<DeviceCopier> copier_;  // CUDA: one copy stream for the loader's life (before epoch_: outlives it)
   int64_t next_epoch_ = 0;
   int64_t current_epoch_ = -1;
+  int64_t skip_ = 0;  // batches the next start_epoch() skips (load_state)
   std::unique_ptr<Epoch> epoch_;
 };
 

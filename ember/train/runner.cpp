@@ -31,13 +31,14 @@
 #include "ember/train/estimate.h"
 #include "ember/train/grad_accum.h"
 #include "ember/train/runner_tasks.h"
+#include "ember/train/training_checkpoint.h"
 
 namespace ember::train {
 
 namespace {
 
 using Clock = std::chrono::steady_clock;
-constexpr const char* kCheckpointFormat = "ember-train/1";
+constexpr const char* kCheckpointFormat = "ember-train/2";  // the runner's entries beside the manifest
 constexpr size_t kTraceCapacity = size_t{1} << 18;  // events kept (oldest dropped beyond)
 
 double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
@@ -86,18 +87,6 @@ detail::TensorShapes read_tensor_shapes(const std::string& path) {
   return shapes;
 }
 
-int64_t parse_step(const nn::SafetensorsMetadata& meta, const std::string& path) {
-  auto it = meta.find("step");
-  EMBER_CHECK(it != meta.end(), ValueError, "--resume ", path, ": the checkpoint records no step");
-  try {
-    size_t used = 0;
-    const long long v = std::stoll(it->second, &used);
-    if (used == it->second.size() && v >= 0) return v;
-  } catch (const std::exception&) {
-  }
-  EMBER_THROW(ValueError, "--resume ", path, ": the checkpoint's step '", it->second, "' is not a step count");
-}
-
 // The checkpoint plan of a block-chain model (GPT: its transformer blocks; Sequential: its children), profiled on one
 // micro-batch under the trainer's autocast and installed — the planning bench_train's setup does (train/step.cpp).
 autograd::CheckpointPlan plan_checkpointing(nn::Module& model, const Tensor& micro_inputs, const AmpTrainer& trainer,
@@ -134,7 +123,7 @@ struct TrainRunner::Impl {
   autograd::CheckpointPolicy policy;
   std::unique_ptr<detail::RunTask> task;
   bool resuming = false;
-  nn::SafetensorsMetadata resume_meta;
+  nn::SafetensorsMetadata resume_meta;  // the runner's entries of the resume file (beside the manifest)
 
   memory::Allocator* alloc = nullptr;
   memory::CachingAllocator* caching = nullptr;  // the device allocator as a caching allocator (trace, report)
@@ -143,7 +132,6 @@ struct TrainRunner::Impl {
   std::shared_ptr<nn::Module> model;
   std::unique_ptr<AmpTrainer> trainer;
   std::unique_ptr<optim::LRScheduler> sched;
-  optim::StateDict resume_sched;
   std::unique_ptr<GradAccumulator> accum;
   autograd::CheckpointPlan plan;
   int64_t batch = 0, micro = 0, step = 0, start_step = 0, total = 0, per_epoch = 0;
@@ -157,6 +145,7 @@ struct TrainRunner::Impl {
   void validate();
   void prepare_allocator();
   void load_checkpoint();
+  TrainingParts parts() const;
   void search_batch();
   void install_plan(int64_t rows);
   void stop_trace();
@@ -213,7 +202,8 @@ void TrainRunner::Impl::validate() {
   if (!o.resume_path.empty()) {
     EMBER_CHECK(std::filesystem::is_regular_file(o.resume_path), ValueError, "--resume ", o.resume_path,
                 ": no such file");
-    resume_meta = nn::read_safetensors_metadata(o.resume_path);  // FormatError for a corrupt file
+    const TrainingCheckpointInfo info = read_training_checkpoint_info(o.resume_path);  // FormatError: corrupt
+    resume_meta = info.extra;
     auto get = [&](const char* key) {
       auto it = resume_meta.find(key);
       return it == resume_meta.end() ? std::string() : it->second;
@@ -224,7 +214,7 @@ void TrainRunner::Impl::validate() {
                 " model, not ", o.model);
     EMBER_CHECK(get("amp") == amp_mode_name(mode), ValueError, "--resume ", o.resume_path, " was trained with --amp ",
                 get("amp"), ", not ", amp_mode_name(mode));
-    start_step = parse_step(resume_meta, o.resume_path);
+    start_step = info.step;
     resuming = true;
   }
 }
@@ -260,20 +250,28 @@ void TrainRunner::Impl::prepare_allocator() {
   }
 }
 
+TrainingParts TrainRunner::Impl::parts() const {
+  TrainingParts p;
+  p.model = model.get();
+  p.trainer = trainer.get();
+  p.scheduler = sched.get();
+  p.loader = task->train_loader();
+  for (auto& g : task->generators()) p.generators.push_back(g);
+  p.model_kind = o.model;
+  return p;
+}
+
+// Note [Exact resume]
+// The checkpoint is loaded last in setup, after everything that draws from the default generator (the model's
+// initialisation, the checkpoint plan's profile, the batch search), so the steps start from the saved generator
+// states, loader position, weights, optimizer, scaler and schedule: with the same options they continue bit-identically
+// what the saving run did next (docs/reliability.md says under which conditions).
 void TrainRunner::Impl::load_checkpoint() {
   const std::string& path = o.resume_path;
-  nn::NamedTensors weights;
-  optim::StateDict optim_state;
-  for (auto& [name, t] : nn::load_safetensors(path, o.device)) {
-    if (name.rfind("optim.", 0) == 0) optim_state.emplace_back(name.substr(6), t);
-    else if (name.rfind("sched.", 0) == 0) resume_sched.emplace_back(name.substr(6), t);
-    else weights.emplace_back(name, t);
-  }
   try {
-    model->load_state_dict(weights, /*strict=*/true);
-    trainer->load_state_dict(optim_state);
-  } catch (const Error& e) {
-    EMBER_THROW(ValueError, "--resume ", path, " does not match the ", o.model, " model: ", e.what());
+    load_training_checkpoint(path, parts());
+  } catch (const ValueError& e) {
+    EMBER_THROW(ValueError, "--resume ", path, " does not match the ", o.model, " run: ", e.what());
   }
   step = start_step;
   message("resumed from " + path + " at step " + std::to_string(step));
@@ -410,6 +408,13 @@ void TrainRunner::setup() {
                                                              : default_batch);
   const int64_t planned =
       o.steps <= 0 ? -1 : (o.steps > std::numeric_limits<int64_t>::max() / per_step ? -1 : o.steps * per_step);
+  if (s.resuming) {
+    try {
+      s.task->adopt_data(s.resume_meta);
+    } catch (const ValueError& e) {
+      EMBER_THROW(ValueError, "--resume ", o.resume_path, ": ", e.what());
+    }
+  }
   s.data_desc = s.task->load_data(planned);
   s.message("data: " + s.data_desc);
   if (s.resuming) {
@@ -425,7 +430,6 @@ void TrainRunner::setup() {
   s.message("model: " + o.model + ", " + std::to_string(s.model->num_parameters()) + " parameters (" +
             memory::format_bytes(s.model->parameter_bytes()) + ") on " + o.device.str() + ", amp " +
             amp_mode_name(s.mode) + ", AdamW lr " + lr_text(s.lr));
-  if (s.resuming) s.load_checkpoint();
 
   if (o.auto_batch) {
     s.install_plan(std::max<int64_t>(1, std::min(s.task->default_batch(), o.max_batch)));
@@ -438,7 +442,7 @@ void TrainRunner::setup() {
   s.install_plan(s.micro);
   if (!s.plan.segments.empty()) s.message(s.plan.to_string());
 
-  s.per_epoch = s.task->start_data(s.batch, s.step);
+  s.per_epoch = s.task->start_data(s.batch, s.start_step);
   if (o.steps > 0) s.total = o.steps;
   else if (s.per_epoch > 0) {
     const int64_t epochs = std::max<int64_t>(o.epochs, 1);
@@ -450,16 +454,7 @@ void TrainRunner::setup() {
 
   for (optim::ParamGroup& g : s.trainer->optimizer().param_groups()) g.set_lr(s.lr);  // the schedule's base
   s.sched = s.task->scheduler(s.trainer->optimizer(), s.total);
-  if (s.sched && !s.resume_sched.empty()) {
-    try {
-      s.sched->load_state_dict(s.resume_sched);
-    } catch (const Error& e) {
-      EMBER_THROW(ValueError, "--resume ", o.resume_path, ": the schedule does not match: ", e.what());
-    }
-    auto& groups = s.trainer->optimizer().param_groups();
-    const std::vector<double>& lrs = s.sched->get_last_lr();
-    for (size_t g = 0; g < groups.size() && g < lrs.size(); ++g) groups[g].set_lr(lrs[g]);
-  }
+  if (s.resuming) s.load_checkpoint();  // Note [Exact resume]: last, after every setup draw
   AccumulationOptions ao;
   ao.micro_batches = o.grad_accum;
   ao.max_grad_norm = s.task->max_grad_norm();
@@ -587,22 +582,17 @@ const RunnerOptions& TrainRunner::options() const { return impl_->o; }
 void TrainRunner::save(const std::string& path) const {
   const Impl& s = *impl_;
   EMBER_CHECK(s.model != nullptr, ValueError, "TrainRunner::save: nothing to save before setup()");
-  nn::NamedTensors tensors = s.model->state_dict();
-  for (const auto& [name, t] : s.trainer->state_dict()) tensors.emplace_back("optim." + name, t);
-  if (s.sched)
-    for (const auto& [name, t] : s.sched->state_dict()) tensors.emplace_back("sched." + name, t);
   nn::SafetensorsMetadata meta = s.task->architecture();
   meta["format"] = kCheckpointFormat;
   meta["model"] = s.o.model;
-  meta["step"] = std::to_string(s.step);
-  meta["epoch"] = std::to_string(s.per_epoch > 0 ? s.step / s.per_epoch : 0);
+  meta["step"] = std::to_string(s.step);  // also in the manifest; here for readers of plain safetensors metadata
   meta["amp"] = amp_mode_name(s.mode);
   meta["seed"] = std::to_string(s.seed);
   meta["lr"] = lr_text(s.lr);
   meta["batch_size"] = std::to_string(s.batch);
   meta["grad_accum"] = std::to_string(s.o.grad_accum);
   meta["checkpoint"] = s.policy.str();
-  nn::save_safetensors(path, tensors, meta);
+  save_training_checkpoint(path, s.parts(), s.step, meta);  // atomic: a crash keeps the previous file
 }
 
 std::string TrainRunner::memory_report() const {

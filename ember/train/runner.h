@@ -46,8 +46,10 @@ struct RunnerOptions {
   // char-gpt's shape (0: nanoGPT's CPU config 4 / 4 / 128 / 64, or the resumed checkpoint's) and evaluation.
   int64_t n_layer = 0, n_head = 0, n_embd = 0, block_size = 0;
   int64_t eval_interval = 250, eval_iters = 20;
-  std::string save_path;          // a safetensors checkpoint written at the end (atomically)
-  std::string resume_path;        // a checkpoint to continue from (its step, weights, optimizer and schedule)
+  std::string save_path;          // a training checkpoint written at the end (train/training_checkpoint.h, atomic)
+  // A checkpoint to continue from: its step, weights, optimizer, loss scaler, schedule, generator states and loader
+  // position, restored last in setup so the steps continue bit-identically (Note [Exact resume] in runner.cpp).
+  std::string resume_path;
   std::string trace_path;         // the allocator's trace as a file (Chrome JSON, or JSON Lines for .jsonl)
   std::string html_path;          // the trace as a timeline page
   int64_t trace_steps = 2;        // steps traced (from program start) before the trace files are written
@@ -92,7 +94,7 @@ class TrainRunner {
   int64_t step() const;           // optimizer steps done
   int64_t batch_size() const;     // after setup: the batch per step (the search's result for auto)
   const RunnerOptions& options() const;
-  // Writes the checkpoint now (what --save writes at the end).
+  // Writes the training checkpoint now (what --save writes at the end; also from an on_progress callback).
   void save(const std::string& path) const;
   // The device allocator's statistics line, the attribution report by module and phase, and the peaks.
   std::string memory_report() const;

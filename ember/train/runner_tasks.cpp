@@ -68,15 +68,31 @@ class MnistTask final : public RunTask {
     const std::string dir = o_.data.empty() ? std::string("../shared/data/mnist") : o_.data;
     const bool real = !o_.synthetic && std::filesystem::exists(dir);
     EMBER_CHECK(real || o_.synthetic || o_.data.empty(), ValueError, "--data ", dir, " does not exist");
-    const int64_t gen_train = planned >= 0 ? std::clamp<int64_t>(planned, 1, 60000) : 60000;
+    const int64_t gen_train =
+        resumed_train_ > 0 ? resumed_train_ : planned >= 0 ? std::clamp<int64_t>(planned, 1, 60000) : 60000;
     const int64_t gen_test = o_.max_test >= 0 ? std::clamp<int64_t>(o_.max_test, 1, 10000) : 10000;
     {
       memory::PhaseScope phase(memory::Phase::Data);
       train_raw_ = real ? data::load_mnist(dir, true) : data::synthetic_mnist(gen_train, seed_);
       test_raw_ = real ? data::load_mnist(dir, false) : data::synthetic_mnist(gen_test, seed_ + 1);
     }
+    real_ = real;
     return std::string(real ? "real MNIST" : "generated digits") + " (" + std::to_string(train_raw_.size()) +
            " train, " + std::to_string(test_raw_.size()) + " test images)" + (real ? " from " + dir : "");
+  }
+
+  // A generated training set is sized from the first run's --steps: a resumed run regenerates that many.
+  void adopt_data(const nn::SafetensorsMetadata& meta) override {
+    auto it = meta.find("generated_train_samples");
+    if (it == meta.end()) return;
+    const std::string& v = it->second;
+    EMBER_CHECK(!v.empty() && v.size() <= 5 && v.find_first_not_of("0123456789") == std::string::npos, ValueError,
+                "the checkpoint's generated_train_samples '", v, "' is not a count");
+    resumed_train_ = std::clamp<int64_t>(std::stoll(v), 1, 60000);
+  }
+  nn::SafetensorsMetadata architecture() const override {
+    if (real_) return {};
+    return {{"generated_train_samples", std::to_string(train_raw_.size())}};
   }
 
   std::shared_ptr<nn::Module> build_model() override {
@@ -116,30 +132,24 @@ class MnistTask final : public RunTask {
     test_opts.shuffle = false;
     test_ = std::make_unique<data::DataLoader>(mnist_samples(test_raw_), test_opts);
     per_epoch_ = train_->num_batches();
-    // Resuming: the epoch the step is in, its first batches skipped (positions, not bit-exact data order).
-    train_->set_epoch(start / per_epoch_);
-    train_->start_epoch();
-    in_epoch_ = 0;
-    for (int64_t i = 0; i < start % per_epoch_; ++i) next_batch();
+    // Resuming: the position of step `start` (Note [Loader position] in data/dataloader.h: the consumed batches are
+    // skipped without loading them); a training checkpoint then restores the saved position itself.
+    train_->load_state({start / per_epoch_, start % per_epoch_, seed_});
     return per_epoch_;
   }
 
   Batch next_batch() override {
     memory::PhaseScope phase(memory::Phase::Data);
-    if (in_epoch_ == per_epoch_) {
-      train_->start_epoch();
-      in_epoch_ = 0;
-    }
     std::optional<data::Batch> b = train_->next();
-    if (!b) {  // the epoch ended early (cannot happen for a map-style set; kept for safety)
+    if (!b) {  // the epoch is over: the next one
       train_->start_epoch();
-      in_epoch_ = 0;
       b = train_->next();
       EMBER_CHECK(b.has_value(), ValueError, "mnist-cnn: the training set yields no batch");
     }
-    ++in_epoch_;
     return {b->data, b->target};
   }
+
+  data::DataLoader* train_loader() override { return train_.get(); }
 
   LossResult loss(nn::Module& model, const Batch& b) const override {
     return LossResult{F::cross_entropy(model.forward(b[0]), b[1]), b[1].numel()};
@@ -190,7 +200,8 @@ class MnistTask final : public RunTask {
 
   data::MnistData train_raw_, test_raw_;
   std::unique_ptr<data::DataLoader> train_, test_;
-  int64_t per_epoch_ = 1, in_epoch_ = 0, evaluated_at_ = -1, tested_ = 0;
+  int64_t per_epoch_ = 1, evaluated_at_ = -1, tested_ = 0, resumed_train_ = 0;
+  bool real_ = false;
 };
 
 // ---- char-gpt -----------------------------------------------------------------------------------------------------
@@ -313,10 +324,15 @@ class CharGptTask final : public RunTask {
 
   int64_t start_data(int64_t batch, int64_t start) override {
     batch_ = batch;
-    // A resumed run draws other windows than the first run would have (not bit-exact; docs/cli.md).
-    train_gen_ = std::make_unique<Generator>(seed_ + static_cast<uint64_t>(start) * 0x9E3779B97F4A7C15ull);
+    // A resumed run's training checkpoint restores both generators' states (generators()), so it draws the windows
+    // the uninterrupted run would have.
+    train_gen_ = std::make_unique<Generator>(seed_);
     eval_gen_ = std::make_unique<Generator>(seed_ + 1);
     return 0;
+  }
+
+  std::vector<std::pair<std::string, Generator*>> generators() override {
+    return {{"char-gpt.train", train_gen_.get()}, {"char-gpt.eval", eval_gen_.get()}};
   }
 
   Batch next_batch() override {

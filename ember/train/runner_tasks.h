@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "ember/data/dataloader.h"
 #include "ember/nn/module.h"
 #include "ember/nn/safetensors.h"
 #include "ember/optim/lr_scheduler.h"
@@ -34,6 +35,9 @@ class RunTask {
   // Loads or generates the data; `planned_samples` bounds what the run can draw (-1: a whole data set). Returns a
   // description ("real MNIST (60000 train, 10000 test images) from DIR").
   virtual std::string load_data(int64_t planned_samples) = 0;
+  // Resuming: takes what the checkpoint recorded about the data (architecture()'s entries) before load_data, e.g. the
+  // size of a generated set, so the resumed run sees the same data.
+  virtual void adopt_data(const nn::SafetensorsMetadata& meta) {}
   // Checks a resume file's architecture entries against the options and against the file's own tensor shapes
   // (`shapes`: name -> shape, from the header), adopting the entries the options left unset (ValueError on a
   // mismatch). Before build_model.
@@ -55,6 +59,10 @@ class RunTask {
   // epoch (0: the task has no epochs).
   virtual int64_t start_data(int64_t batch, int64_t start) = 0;
   virtual Batch next_batch() = 0;  // {inputs, targets} on the device
+  // What a training checkpoint saves of the data stream besides the default generator (train/training_checkpoint.h):
+  // the training loader (null: none) and the task's own generators by name. After start_data.
+  virtual data::DataLoader* train_loader() { return nullptr; }
+  virtual std::vector<std::pair<std::string, Generator*>> generators() { return {}; }
   // Forward and loss of one micro-batch (the caller runs it under the trainer's autocast); count: its targets.
   virtual LossResult loss(nn::Module& model, const Batch& batch) const = 0;
   // Random inputs and targets of `rows` rows in the training layout, on `device` (batch-size trials, planning).
