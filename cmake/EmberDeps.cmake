@@ -58,3 +58,6 @@ if(EMBER_BUILD_BENCH)
     message(STATUS "ember: Google Benchmark not found: only the standalone benchmarks are built")
   endif()
 endif()
+
+# MPI and NCCL for dist/ (optional).
+include(${CMAKE_CURRENT_LIST_DIR}/EmberMpi.cmake)

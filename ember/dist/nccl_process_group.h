@@ -1,0 +1,17 @@
+// The NCCL backend of ProcessGroup (CUDA tensors): one communicator per group on this rank's GPU, its own CUDA stream,
+// bootstrapped by broadcasting the ncclUniqueId over an MPI group. Compiled only in a CUDA build that found NCCL
+// (EMBER_WITH_NCCL; the implementation is cuda_nccl_process_group.cpp). Invariant: collectives run on the group's
+// stream after the work already queued on the default stream, and Work::wait() orders later default-stream work after
+// them.
+#pragma once
+
+#include <memory>
+
+#include "ember/dist/process_group.h"
+
+namespace ember::dist::detail {
+
+// A group over the ranks of `bootstrap` on cuda:(local_rank % device count). Collective over `bootstrap`.
+std::shared_ptr<ProcessGroup> make_nccl_process_group(ProcessGroup& bootstrap, int local_rank);
+
+}  // namespace ember::dist::detail

@@ -1,0 +1,162 @@
+// ProcessGroup's shared checks, the default group (init/finalize) and the launch environment (rank, size, local
+// rank). Invariant: the default group is made at most once per process and released before MPI is finalized.
+#include "ember/dist/process_group.h"
+
+#include <cstdlib>
+#include <mutex>
+#include <string>
+
+#include "ember/base/error.h"
+
+#if defined(EMBER_WITH_MPI)
+#include "ember/dist/mpi_process_group.h"
+#endif
+#if defined(EMBER_WITH_NCCL)
+#include "ember/dist/nccl_process_group.h"
+#endif
+
+namespace ember::dist {
+
+const char* reduce_op_name(ReduceOp op) { return op == ReduceOp::Sum ? "sum" : "avg"; }
+
+void ProcessGroup::check_tensor(const char* op, const Tensor& t) const {
+  EMBER_CHECK(t.defined(), ValueError, "dist::", op, ": undefined tensor");
+  const Device d = device();
+  EMBER_CHECK(t.device().type == d.type && (!d.is_cuda() || t.device().index == d.index), DeviceError, "dist::", op,
+              ": the ", backend(), " process group takes tensors on ", d.str(), ", got ", t.description());
+  EMBER_CHECK(t.is_contiguous(), ValueError, "dist::", op, ": ", t.description(),
+              " is not contiguous (collectives take flat, contiguous tensors)");
+}
+
+void ProcessGroup::check_same_dtype(const char* op, const Tensor& a, const Tensor& b) const {
+  EMBER_CHECK(a.dtype() == b.dtype(), DTypeError, "dist::", op, ": output ", a.description(), " and input ",
+              b.description(), " differ in dtype");
+}
+
+void ProcessGroup::check_root(const char* op, int root) const {
+  EMBER_CHECK(root >= 0 && root < size(), ValueError, "dist::", op, ": root ", root, " outside [0, ", size(), ")");
+}
+
+namespace {
+class CompletedWork : public Work {
+ public:
+  void wait() override {}
+  bool is_completed() override { return true; }
+};
+
+std::mutex& state_lock() {
+  static std::mutex m;
+  return m;
+}
+std::shared_ptr<ProcessGroup> g_default;
+bool g_atexit = false;
+
+int env_int(const char* const* names, int fallback) {
+  for (const char* const* n = names; *n; ++n)
+    if (const char* v = std::getenv(*n); v && *v) return std::atoi(v);
+  return fallback;
+}
+}  // namespace
+
+WorkPtr completed_work() { return std::make_shared<CompletedWork>(); }
+
+bool is_available() {
+#if defined(EMBER_WITH_MPI)
+  return true;
+#else
+  return false;
+#endif
+}
+
+bool is_nccl_available() {
+#if defined(EMBER_WITH_NCCL)
+  return true;
+#else
+  return false;
+#endif
+}
+
+std::shared_ptr<ProcessGroup> init(Backend backend) {
+  std::lock_guard<std::mutex> lock(state_lock());
+  const char* wanted = backend == Backend::Mpi ? "mpi" : "nccl";
+  if (g_default) {
+    EMBER_CHECK(g_default->backend() == wanted, ValueError, "dist::init(", wanted, "): the default group is ",
+                g_default->backend(), " already");
+    return g_default;
+  }
+  EMBER_CHECK(is_available(), ValueError,
+              "dist::init: ember was built without MPI (install OpenMPI, e.g. scripts/setup-deps, and reconfigure)");
+#if defined(EMBER_WITH_MPI)
+  detail::mpi_init_once();
+  if (!g_atexit) {
+    std::atexit([] { finalize(); });
+    g_atexit = true;
+  }
+  if (backend == Backend::Mpi) {
+    g_default = detail::make_mpi_process_group();
+  } else {
+    EMBER_CHECK(is_nccl_available(), ValueError, "dist::init(nccl): ember was built without NCCL (a CUDA build "
+                "finds it beside the CUDA toolkit)");
+#if defined(EMBER_WITH_NCCL)
+    auto bootstrap = detail::make_mpi_process_group();
+    g_default = detail::make_nccl_process_group(*bootstrap, detail::mpi_local_rank());
+#endif
+  }
+#endif
+  return g_default;
+}
+
+bool is_initialized() {
+  std::lock_guard<std::mutex> lock(state_lock());
+  return g_default != nullptr;
+}
+
+std::shared_ptr<ProcessGroup> default_group_ptr() {
+  std::lock_guard<std::mutex> lock(state_lock());
+  EMBER_CHECK(g_default != nullptr, ValueError, "dist: no default process group; call dist::init() first");
+  return g_default;
+}
+
+ProcessGroup& default_group() { return *default_group_ptr(); }
+
+void finalize() {
+  std::shared_ptr<ProcessGroup> group;
+  {
+    std::lock_guard<std::mutex> lock(state_lock());
+    group = std::move(g_default);
+    g_default.reset();
+  }
+  group.reset();
+#if defined(EMBER_WITH_MPI)
+  detail::mpi_finalize_if_owned();
+#endif
+}
+
+int world_rank() {
+#if defined(EMBER_WITH_MPI)
+  if (detail::mpi_is_initialized()) return detail::mpi_world_rank();
+#endif
+  static const char* const names[] = {"OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", nullptr};
+  return env_int(names, 0);
+}
+
+int world_size() {
+#if defined(EMBER_WITH_MPI)
+  if (detail::mpi_is_initialized()) return detail::mpi_world_size();
+#endif
+  static const char* const names[] = {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", nullptr};
+  return env_int(names, 1);
+}
+
+int local_rank() {
+  static const char* const names[] = {"OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "MV2_COMM_WORLD_LOCAL_RANK",
+                                      nullptr};
+  const int from_env = env_int(names, -1);
+  if (from_env >= 0) return from_env;
+#if defined(EMBER_WITH_MPI)
+  if (detail::mpi_is_initialized()) return detail::mpi_local_rank();
+#endif
+  return 0;
+}
+
+}  // namespace ember::dist
