@@ -61,6 +61,7 @@ struct SimulatedBacking::State {
   };
   std::mutex mutex;
   int64_t used = 0;
+  int64_t device_requests = 0, event_ops = 0;  // lifetime counts (num_device_requests, num_event_ops)
   uintptr_t next_fake = kFakeBase;
   EventId next_event = 1;
   std::unordered_map<EventId, bool> events;         // id -> completed
@@ -112,6 +113,16 @@ int64_t SimulatedBacking::used() const {
   return state_->used;
 }
 
+int64_t SimulatedBacking::num_device_requests() const {
+  std::lock_guard<std::mutex> lock(state_->mutex);
+  return state_->device_requests;
+}
+
+int64_t SimulatedBacking::num_event_ops() const {
+  std::lock_guard<std::mutex> lock(state_->mutex);
+  return state_->event_ops;
+}
+
 int64_t SimulatedBacking::available() const {
   std::lock_guard<std::mutex> lock(state_->mutex);
   return capacity_ - state_->used;
@@ -120,6 +131,8 @@ int64_t SimulatedBacking::available() const {
 void* SimulatedBacking::malloc(int64_t nbytes) {
   EMBER_CHECK(nbytes > 0, ValueError, "SimulatedBacking::malloc: ", nbytes, " bytes");
   std::lock_guard<std::mutex> lock(state_->mutex);
+  ++state_->device_requests;
+  if (device_faults_.next()) return nullptr;              // an injected fault: the device says it is full
   if (nbytes > capacity_ - state_->used) return nullptr;  // out of room (written so that it cannot overflow)
   void* p;
   if (materialize_) {
@@ -152,8 +165,12 @@ void SimulatedBacking::free(void* ptr, int64_t nbytes) {
   if (materialize_) std::free(ptr);
 }
 
-EventId SimulatedBacking::record_event(StreamId) {
+EventId SimulatedBacking::record_event(StreamId stream) {
   std::lock_guard<std::mutex> lock(state_->mutex);
+  const int64_t op = state_->event_ops++;
+  if (event_faults_.next())
+    EMBER_THROW(BackendError, "SimulatedBacking::record_event: injected failure of event operation ", op,
+                " (stream ", stream, ")");
   const EventId id = state_->next_event++;
   state_->events.emplace(id, false);
   return id;
@@ -216,6 +233,8 @@ bool SimulatedBacking::map(void* addr, int64_t nbytes) {
   for (size_t i = first; i < first + count; ++i)
     EMBER_CHECK(!r->mapped[i], ValueError, "SimulatedBacking::map: page at ",
                 reinterpret_cast<void*>(base + i * static_cast<uintptr_t>(page)), " is already mapped");
+  ++state_->device_requests;
+  if (device_faults_.next()) return false;  // an injected fault: the device says it is full
   if (nbytes > capacity_ - state_->used) return false;
   if (materialize_ && nbytes > 0 && mprotect(addr, static_cast<size_t>(nbytes), PROT_READ | PROT_WRITE) != 0)
     EMBER_THROW(DeviceError, "SimulatedBacking::map: mprotect failed: ", std::strerror(errno));

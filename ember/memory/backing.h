@@ -10,6 +10,7 @@
 #include <string>
 
 #include "ember/memory/allocator.h"
+#include "ember/memory/fault_injection.h"
 
 namespace ember::memory {
 
@@ -53,6 +54,9 @@ std::unique_ptr<Backing> make_host_backing();
 // tensors can live there); false hands out addresses only (for replaying traces of large GPUs). Events complete
 // when complete_events() or synchronize() is called, so cross-stream reuse can be tested deterministically.
 // Supports expandable segments (page accounting against the capacity).
+// Faults (fault_injection.h), for tests of what sits above: device_faults() fails device requests — a malloc
+// returns nullptr, a map returns false, exactly as when the device is full — and event_faults() fails event
+// operations — record_event throws BackendError, as a failing cudaEventRecord does. Both count from when armed.
 class SimulatedBacking final : public Backing {
  public:
   SimulatedBacking(int64_t capacity, bool materialize);
@@ -78,11 +82,19 @@ class SimulatedBacking final : public Backing {
   int64_t num_mallocs() const { return num_mallocs_; }
   int64_t num_frees() const { return num_frees_; }
 
+  FaultInjector& device_faults() { return device_faults_; }  // malloc and map requests
+  FaultInjector& event_faults() { return event_faults_; }    // record_event calls
+  // Requests seen over the backing's lifetime, failed or not (armed or not): device requests (malloc + map) and
+  // event operations (record_event).
+  int64_t num_device_requests() const;
+  int64_t num_event_ops() const;
+
  private:
   struct State;
   int64_t capacity_;
   bool materialize_;
   int64_t num_mallocs_ = 0, num_frees_ = 0;
+  FaultInjector device_faults_, event_faults_;
   std::unique_ptr<State> state_;
 };
 std::unique_ptr<SimulatedBacking> make_simulated_backing(int64_t capacity, bool materialize);

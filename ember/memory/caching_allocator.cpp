@@ -110,6 +110,8 @@ inline void* CachingAllocator::Impl::allocate(int64_t nbytes, StreamId stream) {
   if (nbytes > kMaxRequest) throw_oom(nbytes, nbytes, stream);
   const int64_t size = round_size(nbytes);
   BlockPool& pool = pool_for(size);
+  // An injected fault: nothing in the cache fits and the device refuses (Note [Injected out of memory]).
+  const bool refuse = faults.next();
   process_events(false);
   // A block of an expandable segment must have the pages under the request mapped (Note [Expandable segments]);
   // when the device has no room for them it goes back to its pool and the ladder continues.
@@ -118,8 +120,9 @@ inline void* CachingAllocator::Impl::allocate(int64_t nbytes, StreamId stream) {
     blk->pool->blocks.insert(blk);
     return nullptr;
   };
-  auto from_pool = [&]() { return ready(get_free_block(pool, size, stream)); };
+  auto from_pool = [&]() { return refuse ? nullptr : ready(get_free_block(pool, size, stream)); };
   auto obtain = [&]() -> Block* {
+    if (refuse) return nullptr;
     return use_expandable() ? ready(expand_segment(size, pool.is_small, stream))
                             : alloc_segment(size, pool.is_small, stream);
   };
@@ -189,13 +192,21 @@ inline void CachingAllocator::Impl::deallocate(void* ptr) {
   auto it = active.find(ptr);
   EMBER_CHECK(it != active.end(), ValueError, "deallocate: pointer ", ptr, " was not allocated by this allocator");
   Block* b = it->second;
-  // Events first: if recording one throws, nothing has changed yet (those already recorded are released).
+  // Events first (Note [Event failure on free]).
   std::vector<EventId> recorded;
   try {
     for (StreamId s : b->stream_uses) recorded.push_back(backing.record_event(s));
   } catch (...) {
-    for (EventId e : recorded) backing.release_event(e);
-    throw;
+    for (EventId e : recorded) {
+      try {
+        backing.release_event(e);
+      } catch (...) {  // the event is forgotten either way; the block must not be
+      }
+    }
+    recorded.clear();
+    backing.synchronize();  // throws (nothing changed) only when the device itself is lost
+    ++stats.num_sync_all_streams;
+    b->stream_uses.clear();  // every stream's work has completed: the block is free to reuse at once
   }
   active.erase(it);
   const bool is_small = b->segment->is_small;
@@ -215,6 +226,15 @@ inline void CachingAllocator::Impl::deallocate(void* ptr) {
   }
   free_block(b);
 }
+
+// Note [Event failure on free]
+// A block used on other streams is reused only after events recorded on them complete. When recording one throws
+// (a failing cudaEventRecord; SimulatedBacking's event_faults()), the events already recorded are released and the
+// device is synchronised instead — all work queued on every stream has then completed — and the block is freed at
+// once, without events. deallocate() thus completes and throws nothing: its callers are mostly destructors
+// (StorageImpl), which swallow an exception, and a throw that left the block allocated would leak it for the life
+// of the process. Only when synchronize() fails too (the device is lost) does the error propagate, with the block
+// still allocated and the statistics unchanged.
 
 // ---- OOM ---------------------------------------------------------------------------------------------------------
 
@@ -360,6 +380,8 @@ int64_t CachingAllocator::allowed_memory() const {
   std::lock_guard<std::mutex> lock(impl_->mutex);
   return impl_->allowed();
 }
+
+FaultInjector& CachingAllocator::fault_injector() { return impl_->faults; }
 
 void CachingAllocator::set_oom_explanations(bool on) {
   std::lock_guard<std::mutex> lock(impl_->mutex);

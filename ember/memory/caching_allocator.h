@@ -19,6 +19,7 @@
 #include "ember/memory/alloc_config.h"
 #include "ember/memory/allocator.h"
 #include "ember/memory/backing.h"
+#include "ember/memory/fault_injection.h"
 #include "ember/memory/tag_stats.h"
 #include "ember/memory/tags.h"
 #include "ember/memory/trace.h"
@@ -146,6 +147,10 @@ class CachingAllocator final : public Allocator {
   // OutOfMemoryError messages explain the failure, replaying allocations to check advice (on by default). Replays
   // and probes turn it off: their OOMs are expected and need only the numbers.
   void set_oom_explanations(bool on);
+
+  // Fault injection (tests): an armed plan makes its requests to allocate() fail as if the device had no room for
+  // them (Note [Injected out of memory] in fault_injection.h). Requests are counted per allocator.
+  FaultInjector& fault_injector();
 
   // Throws ember::Error describing the first violated invariant (see the file comment). For tests.
   void check_invariants() const;

@@ -175,6 +175,7 @@ struct CachingAllocator::Impl {
   TraceRing trace;
   bool trace_from_start = false;  // the trace was enabled while the allocator held nothing: it is the whole history
   bool explain_ooms = true;       // OutOfMemoryError messages replay allocations to check their advice
+  FaultInjector faults;           // Note [Injected out of memory] (fault_injection.h); atomic, read without the mutex
   std::chrono::steady_clock::time_point start = std::chrono::steady_clock::now();
   std::vector<Block*> free_block_objects;  // recycled Block objects (avoids new/delete on the hot path)
 

@@ -1,6 +1,9 @@
 // Adam / AdamW: option validation and the per-parameter step through ops::adam_step_.
-// Invariant: a parameter's step count and new moment tensors join its state only after the kernel has run.
+// Invariant: a parameter's step count and new moment tensors join its state only after the kernel has run, and every
+// new state tensor exists before any parameter is updated (Note [All-or-nothing step]).
 #include "ember/optim/adam.h"
+
+#include <vector>
 
 #include "ember/core/grad_mode.h"
 #include "ember/kernels/ops.h"
@@ -53,42 +56,60 @@ Optimizer::StateSpec Adam::state_spec(const std::string& key, const Tensor& para
   return {ops::optimizer_state_dtype(param.dtype()), param.sizes(), param.device()};
 }
 
+// Note [All-or-nothing step]
+// A step that runs out of memory must not leave some parameters updated and others not (an OOM-resilient caller
+// retries or gives up on the whole step). The only allocations of a step are the state tensors it creates for
+// parameters that have none yet (the first step), so the step creates all of them first — into locals, joining the
+// state only after their parameter's update — and only then updates any parameter. An OutOfMemoryError while
+// creating them leaves parameters and state exactly as they were (the new tensors are freed). The update pass
+// allocates only for a parameter that is not contiguous or a gradient of another dtype or layout
+// (update_contiguous), which the optimizers' own callers do not produce.
 void Adam::step() {
   memory::PhaseScope optimizer_phase(memory::Phase::Optimizer);
   NoGradGuard no_grad;
-  for (const ParamGroup& group : param_groups()) {
+  struct Pending {
+    Tensor param, grad, step_t, exp_avg, exp_avg_sq;
+    AdamParams ap;
+    bool fresh = false;
+  };
+  std::vector<Pending> pending;
+  for (const ParamGroup& group : param_groups()) {  // Note [All-or-nothing step]: every allocation first
     const AdamOptions o = from_group_options(group.options);
     for (const Tensor& p : group.params) {
-      const Tensor grad = p.grad();
-      if (!grad.defined()) continue;
+      Pending w;
+      w.grad = p.grad();
+      if (!w.grad.defined()) continue;
+      w.param = p;
       const ParamState& st = state(p);
-      const bool fresh = st.empty();
-      Tensor step_t, exp_avg, exp_avg_sq;
-      if (fresh) {
+      w.fresh = st.empty();
+      if (w.fresh) {
         const TensorOptions opts(ops::optimizer_state_dtype(p.dtype()), p.device());
         // The step count lives on the host (as PyTorch keeps it), except in a meta dry run, which counts it with the
         // parameters: it simulates a CPU run there, where the host is the device (a GPU run's is host memory).
-        step_t = scalar_tensor(0.0, TensorOptions(DType::f64, p.device().is_meta() ? p.device() : Device::cpu()));
-        exp_avg = zeros(p.sizes(), opts);
-        exp_avg_sq = zeros(p.sizes(), opts);
+        w.step_t = scalar_tensor(0.0, TensorOptions(DType::f64, p.device().is_meta() ? p.device() : Device::cpu()));
+        w.exp_avg = zeros(p.sizes(), opts);
+        w.exp_avg_sq = zeros(p.sizes(), opts);
       } else {
-        step_t = st.get("step");
-        exp_avg = st.get("exp_avg");
-        exp_avg_sq = st.get("exp_avg_sq");
+        w.step_t = st.get("step");
+        w.exp_avg = st.get("exp_avg");
+        w.exp_avg_sq = st.get("exp_avg_sq");
       }
-      const double step = step_t.item<double>() + 1.0;
-      const AdamParams ap{o.lr, o.betas.first, o.betas.second, o.eps, o.weight_decay, decoupled_,
-                          static_cast<int64_t>(step)};
-      update_contiguous(p, grad, [&](const Tensor& pc, const Tensor& gc) {
-        ops::adam_step_(pc, gc, exp_avg, exp_avg_sq, ap);
-      });
-      step_t.fill_(step);
-      if (fresh) {
-        ParamState& s = mutable_state(p);
-        s.set("step", step_t);
-        s.set("exp_avg", exp_avg);
-        s.set("exp_avg_sq", exp_avg_sq);
-      }
+      const double step = w.step_t.item<double>() + 1.0;
+      w.ap = AdamParams{o.lr, o.betas.first, o.betas.second, o.eps, o.weight_decay, decoupled_,
+                        static_cast<int64_t>(step)};
+      pending.push_back(std::move(w));
+    }
+  }
+  for (Pending& w : pending) {
+    update_contiguous(w.param, w.grad, [&](const Tensor& pc, const Tensor& gc) {
+      ops::adam_step_(pc, gc, w.exp_avg, w.exp_avg_sq, w.ap);
+    });
+    w.step_t.fill_(static_cast<double>(w.ap.step));
+    if (w.fresh) {
+      ParamState& s = mutable_state(w.param);
+      s.set("step", w.step_t);
+      s.set("exp_avg", w.exp_avg);
+      s.set("exp_avg_sq", w.exp_avg_sq);
     }
   }
 }

@@ -2,6 +2,8 @@
 // Invariant: a step never reads a momentum buffer it has not written (first_step initialises it).
 #include "ember/optim/sgd.h"
 
+#include <vector>
+
 #include "ember/core/grad_mode.h"
 #include "ember/kernels/ops.h"
 #include "ember/memory/tags.h"
@@ -42,26 +44,38 @@ Optimizer::StateSpec SGD::state_spec(const std::string& key, const Tensor& param
   return {ops::optimizer_state_dtype(param.dtype()), param.sizes(), param.device()};
 }
 
+// New momentum buffers are all created before any parameter is updated, so an OutOfMemoryError in the first step
+// leaves every parameter as it was (Note [All-or-nothing step] in adam.cpp).
 void SGD::step() {
   memory::PhaseScope optimizer_phase(memory::Phase::Optimizer);
   NoGradGuard no_grad;
+  struct Pending {
+    Tensor param, grad, buf;
+    SgdParams sp;
+  };
+  std::vector<Pending> pending;
   for (const ParamGroup& group : param_groups()) {
     const SGDOptions o = from_group_options(group.options);
     for (const Tensor& p : group.params) {
-      const Tensor grad = p.grad();
-      if (!grad.defined()) continue;
-      SgdParams sp{o.lr, o.momentum, o.dampening, o.weight_decay, o.nesterov, false};
-      Tensor buf;
+      Pending w;
+      w.grad = p.grad();
+      if (!w.grad.defined()) continue;
+      w.param = p;
+      w.sp = SgdParams{o.lr, o.momentum, o.dampening, o.weight_decay, o.nesterov, false};
       if (o.momentum != 0.0) {
         const ParamState& st = state(p);
-        sp.first_step = !st.has("momentum_buffer");
+        w.sp.first_step = !st.has("momentum_buffer");
         // A new buffer joins the state only once the step has written it.
-        buf = sp.first_step ? empty(p.sizes(), TensorOptions(ops::optimizer_state_dtype(p.dtype()), p.device()))
-                            : st.get("momentum_buffer");
+        w.buf = w.sp.first_step ? empty(p.sizes(), TensorOptions(ops::optimizer_state_dtype(p.dtype()), p.device()))
+                                : st.get("momentum_buffer");
       }
-      update_contiguous(p, grad, [&](const Tensor& pc, const Tensor& gc) { ops::sgd_step_(pc, gc, buf, sp); });
-      if (sp.first_step) mutable_state(p).set("momentum_buffer", buf);
+      pending.push_back(std::move(w));
     }
+  }
+  for (Pending& w : pending) {
+    update_contiguous(w.param, w.grad,
+                      [&](const Tensor& pc, const Tensor& gc) { ops::sgd_step_(pc, gc, w.buf, w.sp); });
+    if (w.sp.first_step) mutable_state(w.param).set("momentum_buffer", w.buf);
   }
 }
 

@@ -151,7 +151,14 @@ StepResult OomResilientStep::step(const Batch& batch, const LossFn& loss_fn) {
     ++result.micro_batches;
     start += len;
   }
-  detail::finish_step(model_, trainer_, weights, options_.max_grad_norm, result);
+  try {
+    detail::finish_step(model_, trainer_, weights, options_.max_grad_norm, result);
+  } catch (...) {
+    // An OOM (or any error) in the unscale, clipping or optimizer step is not retried; the gradients go now, as they
+    // do when a micro-batch gives up, so a caller that catches the error holds no memory of this step.
+    trainer_.zero_grad();
+    throw;
+  }
   if (result.ooms == 0 && micro_ > 0 && options_.grow_interval > 0 && ++clean_steps_ >= options_.grow_interval) {
     clean_steps_ = 0;
     micro_ = micro_ >= (rows + 1) / 2 ? 0 : micro_ * 2;
