@@ -10,7 +10,9 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
+#include <fstream>
 
 #include "ember/base/error.h"
 
@@ -32,6 +34,20 @@ std::string parent_dir(const std::string& path) {
 std::string base_name(const std::string& path) {
   const size_t slash = path.find_last_of('/');
   return slash == std::string::npos ? path : path.substr(slash + 1);
+}
+
+// The process's umask without changing it (umask(2) can only be read by setting it, which races with other threads):
+// Linux reports it in /proc/self/status (4.7+); 022 where it cannot be read.
+mode_t current_umask() {
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("Umask:", 0) != 0) continue;
+    char* end = nullptr;
+    const unsigned long m = std::strtoul(line.c_str() + 6, &end, 8);
+    if (end != line.c_str() + 6 && m <= 0777) return static_cast<mode_t>(m);
+  }
+  return 022;
 }
 
 // Closes a descriptor on scope exit unless released.
@@ -59,18 +75,21 @@ void write_file_atomically(const std::string& path, const std::function<void(con
   EMBER_CHECK(!path.empty() && !base.empty() && base != "." && base != "..", ValueError, op, ": '", path,
               "' names a directory, not a file");
   struct stat target{};
-  if (::stat(path.c_str(), &target) == 0)
-    EMBER_CHECK(!S_ISDIR(target.st_mode), ValueError, op, ": '", path, "' is a directory");
+  const bool exists = ::stat(path.c_str(), &target) == 0;
+  if (exists) EMBER_CHECK(!S_ISDIR(target.st_mode), ValueError, op, ": '", path, "' is a directory");
+  // The permissions an ordinary create would give (0666 less the umask), or the replaced file's own.
+  const mode_t mode = exists ? (target.st_mode & 0777) : (0666 & ~current_umask());
   const std::string dir = parent_dir(path);
   std::string tmp = atomic_temp_prefix(path) + "XXXXXX";
-  const int raw_fd = ::mkstemp(tmp.data());
+  // O_CLOEXEC: a process another thread forks and execs meanwhile must not inherit the temporary file.
+  const int raw_fd = ::mkostemp(tmp.data(), O_CLOEXEC);
   EMBER_CHECK(raw_fd >= 0, Error, op, ": cannot create a temporary file for '", path, "' in '", dir,
               "': ", errno_text(errno));
   Fd f(raw_fd);
   bool keep_temp = false;
   try {
-    // mkstemp makes the file 0600; a checkpoint is an ordinary readable file (reading the umask would race).
-    EMBER_CHECK(::fchmod(f.fd, 0644) == 0, Error, op, ": chmod '", tmp, "': ", errno_text(errno));
+    // mkostemp makes the file 0600; the result gets the mode an ordinary write would leave (`mode` above).
+    EMBER_CHECK(::fchmod(f.fd, mode) == 0, Error, op, ": chmod '", tmp, "': ", errno_text(errno));
     const AtomicFileWrite write = [&](const void* data, int64_t n) {
       EMBER_CHECK(n >= 0, ValueError, op, ": negative write of ", n, " bytes");
       const char* p = static_cast<const char*>(data);

@@ -16,7 +16,10 @@ namespace ember {
 // leave a renamed but empty file), and the directory is fsync'ed after it so the rename itself survives a crash. The
 // temporary file lives in the target's directory (rename cannot cross file systems) under a unique name
 // ".<name>.tmp.XXXXXX", so concurrent or crashed writers never share one; a crash leaves at worst such a stale file,
-// which no reader of `path` ever opens and no later write reuses.
+// which no reader of `path` ever opens and no later write reuses. The new file gets the replaced file's permission
+// bits, or 0666 less the umask when `path` is new, as an ordinary write would; the temporary descriptor is
+// close-on-exec. The rename replaces the directory entry `path` itself: when it is a symbolic link, the link becomes
+// the new regular file and the file it pointed to is left as it was.
 
 // Streams the new contents: write(data, n) appends n bytes. Passed to the fill callback below.
 using AtomicFileWrite = std::function<void(const void* data, int64_t n)>;

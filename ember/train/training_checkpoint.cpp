@@ -140,6 +140,10 @@ TrainingCheckpointInfo parse_manifest(const nn::SafetensorsMetadata& meta, const
     s.seed = get_u64(loader, "seed", path, "loader.");
     info.loader = s;
     info.loader_batches_per_epoch = get_int(loader, "batches_per_epoch", path, "loader.", -1);
+    // Checked here, not left to DataLoader::load_state: that runs last, after the model has changed.
+    if (info.loader_batches_per_epoch >= 0 && s.batches_consumed > info.loader_batches_per_epoch)
+      malformed(path, "the manifest's loader.batches_consumed (" + std::to_string(s.batches_consumed) +
+                          ") exceeds its batches_per_epoch (" + std::to_string(info.loader_batches_per_epoch) + ")");
   }
   const json& gens = field(j, "generators", path, "");
   if (!gens.is_object()) malformed(path, "the manifest's generators is not an object");
@@ -329,8 +333,12 @@ TrainingCheckpointInfo load_training_checkpoint(const std::string& path, const T
     }
     if (want != have) mismatch("holds a schedule over another number of parameter groups");
   }
+  // A disabled scaler has no state (its state_dict is empty, as in PyTorch): it saves none and takes none.
   const optim::StateDict scaler_entries = group_tensors(all, info, kGroups[2]);
-  if (parts.scaler && scaler_entries.empty()) mismatch("holds no grad scaler state");
+  const bool scaler_on = parts.scaler && parts.scaler->is_enabled();
+  if (scaler_on && scaler_entries.empty()) mismatch("holds no grad scaler state");
+  if (parts.scaler && !scaler_on && !scaler_entries.empty())
+    mismatch("holds grad scaler state, but the scaler given is disabled");
   if (parts.loader) {
     if (!info.loader) mismatch("holds no data-loader position");
     if (info.loader_batches_per_epoch != parts.loader->num_batches())
@@ -343,23 +351,23 @@ TrainingCheckpointInfo load_training_checkpoint(const std::string& path, const T
   // Apply (Note [Checkpoint load order]).
   optim::StateDict optim_before, scaler_before, sched_before;
   for (const auto& [n, t] : optimizer_state(parts)) optim_before.emplace_back(n, t.clone());
-  if (parts.scaler) scaler_before = parts.scaler->state_dict();
+  if (scaler_on) scaler_before = parts.scaler->state_dict();
   if (parts.scheduler) sched_before = parts.scheduler->state_dict();
   const optim::StateDict optim_state = group_tensors(all, info, kGroups[1]);
   if (parts.trainer) parts.trainer->load_state_dict(optim_state);  // validates completely first
   if (parts.optimizer) {
-    if (parts.scaler) optim::GradScaler(parts.scaler->options()).load_state_dict(scaler_entries);  // a dry run
+    if (scaler_on) optim::GradScaler(parts.scaler->options()).load_state_dict(scaler_entries);  // a dry run
     parts.optimizer->load_state_dict(optim_state);
   }
   try {
-    if (parts.scaler) parts.scaler->load_state_dict(scaler_entries);
+    if (scaler_on) parts.scaler->load_state_dict(scaler_entries);
     if (parts.scheduler) parts.scheduler->load_state_dict(sched_state);
     parts.model->load_state_dict(model_state, /*strict=*/true);
   } catch (...) {
     try {
       if (parts.trainer) parts.trainer->load_state_dict(optim_before);
       if (parts.optimizer) parts.optimizer->load_state_dict(optim_before);
-      if (parts.scaler && !scaler_before.empty()) parts.scaler->load_state_dict(scaler_before);
+      if (scaler_on) parts.scaler->load_state_dict(scaler_before);
       if (parts.scheduler) parts.scheduler->load_state_dict(sched_before);
     } catch (...) {
     }

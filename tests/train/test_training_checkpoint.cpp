@@ -5,6 +5,8 @@
 // malformed, truncated or mismatched files raise typed errors and change nothing.
 #include <gtest/gtest.h>
 
+#include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cmath>
@@ -21,6 +23,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "ember/autograd/functions.h"
 #include "ember/base/atomic_file.h"
 #include "ember/data/dataloader.h"
 #include "ember/data/random.h"
@@ -284,6 +287,48 @@ TEST(TrainingCheckpoint, AFailingWriteRemovesItsTemporaryFile) {
   EXPECT_NE(msg.find("No such file"), std::string::npos) << "the errno text: " << msg;
 }
 
+// The replaced file's permission bits are kept; a new file gets 0666 less the umask (not a fixed 0644, which would
+// make a private user's checkpoints world-readable); the temporary descriptor is close-on-exec; a symbolic link at
+// the path becomes the new regular file and its target is left alone.
+TEST(TrainingCheckpoint, AtomicWritesKeepModesCloseOnExecAndReplaceALink) {
+  TempDir dir;
+  auto mode_of = [](const std::string& p) { return fs::status(p).permissions() & fs::perms::all; };
+  const mode_t old_mask = ::umask(077);
+  write_file_atomically(dir.file("private"), std::string_view("a"));
+  ::umask(022);
+  write_file_atomically(dir.file("shared"), std::string_view("a"));
+  ::umask(old_mask);
+  EXPECT_EQ(mode_of(dir.file("private")), fs::perms::owner_read | fs::perms::owner_write);
+  EXPECT_EQ(mode_of(dir.file("shared")),
+            fs::perms::owner_read | fs::perms::owner_write | fs::perms::group_read | fs::perms::others_read);
+  fs::permissions(dir.file("shared"), fs::perms::owner_read | fs::perms::owner_write | fs::perms::group_read);
+  write_file_atomically(dir.file("shared"), std::string_view("b"));
+  EXPECT_EQ(mode_of(dir.file("shared")), fs::perms::owner_read | fs::perms::owner_write | fs::perms::group_read)
+      << "a replaced file keeps its mode";
+
+  // Close-on-exec: the descriptor of the temporary file, found through /proc/self/fd while the fill runs.
+  int flags = -1;
+  const std::string prefix = atomic_temp_prefix(dir.file("cloexec"));
+  write_file_atomically(dir.file("cloexec"), [&](const AtomicFileWrite& write) {
+    for (const auto& e : fs::directory_iterator("/proc/self/fd")) {
+      std::error_code ec;
+      const fs::path target = fs::read_symlink(e.path(), ec);
+      if (!ec && target.string().rfind(prefix, 0) == 0) flags = ::fcntl(std::stoi(e.path().filename()), F_GETFD);
+    }
+    write("x", 1);
+  });
+  ASSERT_GE(flags, 0) << "the temporary file's descriptor was not found";
+  EXPECT_TRUE(flags & FD_CLOEXEC);
+
+  write_file_atomically(dir.file("target"), std::string_view("old"));
+  fs::create_symlink(dir.file("target"), dir.file("link"));
+  write_file_atomically(dir.file("link"), std::string_view("new"));
+  EXPECT_FALSE(fs::is_symlink(dir.file("link")));
+  std::ifstream t(dir.file("target")), l(dir.file("link"));
+  EXPECT_EQ(std::string(std::istreambuf_iterator<char>(t), {}), "old");
+  EXPECT_EQ(std::string(std::istreambuf_iterator<char>(l), {}), "new");
+}
+
 // Rewrites a checkpoint with its manifest (or tensors) changed.
 void rewrite(const std::string& from, const std::string& to,
              const std::function<void(nn::NamedTensors&, nn::SafetensorsMetadata&)>& edit) {
@@ -353,6 +398,10 @@ TEST(TrainingCheckpoint, BadFilesRaiseTypedErrorsAndChangeNothing) {
       {"other optimizer kind",
        variant("l", edit_manifest([](nlohmann::json& j) { j["optimizer"]["kind"] = "fp16/SGD"; })), false},
       {"no loader", variant("m", edit_manifest([](nlohmann::json& j) { j["loader"] = nullptr; })), false},
+      // More batches consumed than the epoch has: refused before anything changes (DataLoader::load_state, which
+      // would refuse it too, runs last).
+      {"consumed beyond the epoch",
+       variant("n", edit_manifest([](nlohmann::json& j) { j["loader"]["batches_consumed"] = 7; })), true},
   };
   Rig target(AmpMode::fp16, 5);
   target.steps(3);
@@ -391,6 +440,67 @@ TEST(TrainingCheckpoint, BadFilesRaiseTypedErrorsAndChangeNothing) {
   Generator extra(3);
   refuses(target, "an unknown generator",
           [&](TrainingParts& p) { p.generators.emplace_back("augment", &extra); });
+}
+
+// A plain optimizer with a GradScaler beside it (not a trainer): the scaler's scale and growth tracker travel with
+// the checkpoint; a disabled scaler (GradScaler(enabled = false), PyTorch's `GradScaler(enabled=use_amp)`) saves no
+// state and loads none; an enabled and a disabled scaler refuse each other's checkpoints and change nothing.
+TEST(TrainingCheckpoint, AnOptimizerWithAnEnabledOrDisabledGradScalerRoundTrips) {
+  TempDir dir;
+  auto make_model = [](uint64_t seed) {
+    manual_seed(seed);
+    return std::make_shared<nn::Linear>(3, 2);
+  };
+  auto one_step = [](nn::Linear& m, optim::AdamW& opt, optim::GradScaler& scaler) {
+    const Tensor x = from_vector<float>({1, 2, 3, -1, 0.5f, 2}, {2, 3});
+    const Tensor loss = ember::sum(m.forward(x));
+    scaler.scale(loss).backward();
+    scaler.step(opt);
+    scaler.update();
+    opt.zero_grad();
+  };
+  for (bool enabled : {true, false}) {
+    SCOPED_TRACE(enabled ? "enabled" : "disabled");
+    const std::string path = dir.file(enabled ? "on.safetensors" : "off.safetensors");
+    auto m = make_model(1);
+    optim::AdamW opt(m->parameters(), {.lr = 0.1});
+    optim::GradScaler scaler({.init_scale = 1024.0, .growth_interval = 3, .enabled = enabled});
+    for (int i = 0; i < 2; ++i) one_step(*m, opt, scaler);
+    TrainingParts p;
+    p.model = m.get();
+    p.optimizer = &opt;
+    p.scaler = &scaler;
+    p.generators = {};
+    train::save_training_checkpoint(path, p, 2);
+
+    auto m2 = make_model(9);
+    optim::AdamW opt2(m2->parameters(), {.lr = 0.1});
+    optim::GradScaler scaler2({.init_scale = 8.0, .growth_interval = 3, .enabled = enabled});
+    TrainingParts q = p;
+    q.model = m2.get();
+    q.optimizer = &opt2;
+    q.scaler = &scaler2;
+    ASSERT_NO_THROW(train::load_training_checkpoint(path, q));
+    EXPECT_EQ(bytes_of(m2->state_dict()), bytes_of(m->state_dict()));
+    EXPECT_EQ(bytes_of(opt2.state_dict()), bytes_of(opt.state_dict()));
+    if (enabled) {
+      EXPECT_EQ(scaler2.get_scale(), 1024.0);  // two clean steps, growth every 3: unchanged
+      EXPECT_EQ(scaler2.growth_tracker(), 2);
+    }
+
+    // The other kind of scaler refuses the file and keeps its objects as they were.
+    auto m3 = make_model(5);
+    optim::AdamW opt3(m3->parameters(), {.lr = 0.1});
+    optim::GradScaler scaler3({.enabled = !enabled});
+    TrainingParts r = p;
+    r.model = m3.get();
+    r.optimizer = &opt3;
+    r.scaler = &scaler3;
+    const auto weights3 = bytes_of(m3->state_dict());
+    EXPECT_THROW(train::load_training_checkpoint(path, r), ValueError);
+    EXPECT_EQ(bytes_of(m3->state_dict()), weights3);
+    for (const auto& [n, t] : opt3.state_dict()) EXPECT_NE(n.rfind("state.", 0), 0u) << n << ": no state loaded";
+  }
 }
 
 // TrainRunner (`ember train`): a run that saves at step k of n (from its progress callback) and a run resumed from
