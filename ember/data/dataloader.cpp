@@ -478,8 +478,9 @@ std::optional<Batch> DataLoader::next() {
 }
 
 LoaderState DataLoader::state() const {
-  if (epoch_) return {current_epoch_, epoch_->handed_out, options_.seed};
-  return {next_epoch_, skip_, options_.seed};
+  const int64_t shards = dataset_ ? 0 : std::max<int64_t>(1, options_.num_workers);
+  if (epoch_) return {current_epoch_, epoch_->handed_out, options_.seed, shards};
+  return {next_epoch_, skip_, options_.seed, shards};
 }
 
 void DataLoader::load_state(const LoaderState& s) {
@@ -491,6 +492,11 @@ void DataLoader::load_state(const LoaderState& s) {
     EMBER_CHECK(s.batches_consumed <= batches, ValueError, "DataLoader::load_state: ", s.batches_consumed,
                 " batches consumed, but an epoch of this loader has ", batches,
                 " (another dataset size, batch size or drop_last?)");
+  } else {
+    const int64_t shards = std::max<int64_t>(1, options_.num_workers);
+    EMBER_CHECK(s.stream_shards == 0 || s.stream_shards == shards, ValueError, "DataLoader::load_state: the position "
+                "was taken with the stream in ", s.stream_shards, " shard(s) (num_workers), this loader reads it in ",
+                shards, ": the batches would differ");
   }
   stop_epoch();
   options_.seed = s.seed;

@@ -36,6 +36,9 @@ struct LoaderState {
   int64_t epoch = 0;
   int64_t batches_consumed = 0;
   uint64_t seed = 0;
+  // Streaming datasets only: the shard count (max(1, num_workers)) that produced the order — a stream's batches depend
+  // on it, so a state is refused by a loader with another one. 0: map-style (its order does not depend on workers).
+  int64_t stream_shards = 0;
 };
 
 struct DataLoaderOptions {

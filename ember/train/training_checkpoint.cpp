@@ -138,6 +138,7 @@ TrainingCheckpointInfo parse_manifest(const nn::SafetensorsMetadata& meta, const
     s.epoch = get_int(loader, "epoch", path, "loader.");
     s.batches_consumed = get_int(loader, "batches_consumed", path, "loader.");
     s.seed = get_u64(loader, "seed", path, "loader.");
+    if (loader.contains("stream_shards")) s.stream_shards = get_int(loader, "stream_shards", path, "loader.");
     info.loader = s;
     info.loader_batches_per_epoch = get_int(loader, "batches_per_epoch", path, "loader.", -1);
     // Checked here, not left to DataLoader::load_state: that runs last, after the model has changed.
@@ -238,6 +239,7 @@ void save_training_checkpoint(const std::string& path, const TrainingParts& part
     m["loader"] = {{"epoch", s.epoch},
                    {"batches_consumed", s.batches_consumed},
                    {"seed", s.seed},
+                   {"stream_shards", s.stream_shards},
                    {"batches_per_epoch", parts.loader->num_batches()}};
   } else {
     m["loader"] = json();
@@ -344,6 +346,10 @@ TrainingCheckpointInfo load_training_checkpoint(const std::string& path, const T
     if (info.loader_batches_per_epoch != parts.loader->num_batches())
       mismatch("was saved from a loader with " + std::to_string(info.loader_batches_per_epoch) +
                " batches per epoch, this one has " + std::to_string(parts.loader->num_batches()));
+    const int64_t shards = parts.loader->state().stream_shards;
+    if (info.loader->stream_shards != 0 && info.loader->stream_shards != shards)
+      mismatch("was saved from a streaming loader read in " + std::to_string(info.loader->stream_shards) +
+               " shard(s) (num_workers), this one reads it in " + std::to_string(shards));
   }
   for (const auto& [name, gen] : parts.generators)
     if (!info.generators.count(name)) mismatch("holds no state of generator '" + name + "'");

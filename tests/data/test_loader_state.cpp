@@ -196,6 +196,29 @@ TEST(LoaderState, StreamingLoadersReplayToTheirPosition) {
   }
 }
 
+TEST(LoaderState, AStreamPositionIsRefusedByALoaderWithAnotherShardCount) {
+  // A stream's order depends on how many shards (workers) read it: a position taken with 2 workers means nothing to
+  // a loader with 3 (or none), so it is refused and the loader keeps its own position.
+  auto ds = std::make_shared<NoisyStream>(17);
+  DataLoaderOptions o;
+  o.batch_size = 3;
+  o.num_workers = 2;
+  DataLoader first(ds, o);
+  take(first);
+  const LoaderState s = first.state();
+  EXPECT_EQ(s.stream_shards, 2);
+  for (int64_t workers : {0, 3}) {
+    o.num_workers = workers;
+    DataLoader other(ds, o);
+    EXPECT_THROW(other.load_state(s), ValueError) << workers;
+    EXPECT_EQ(other.state().batches_consumed, 0);
+  }
+  o.num_workers = 2;
+  DataLoader same(ds, o);
+  EXPECT_NO_THROW(same.load_state(s));
+  EXPECT_EQ(DataLoader(std::make_shared<NoisyDataset>(20), options(2)).state().stream_shards, 0) << "map-style";
+}
+
 TEST(LoaderState, BadPositionsAreRefused) {
   auto ds = std::make_shared<NoisyDataset>(20);
   DataLoader loader(ds, options(0));
