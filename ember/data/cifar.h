@@ -6,6 +6,7 @@
 #include <array>
 #include <cstdint>
 #include <string>
+#include <string_view>
 
 #include "ember/core/tensor.h"
 
@@ -33,6 +34,8 @@ inline constexpr std::array<double, 3> kCifar10Std = {0.2470, 0.2435, 0.2616};
 // the file when it is empty, when its size is not a whole number of records (saying how many bytes are left over),
 // or when a label is above 9. The size is checked before anything is allocated.
 Cifar10Data read_cifar10_batch(const std::string& path);
+// The same checks over a batch file's bytes in memory; `name` names the input in errors.
+Cifar10Data parse_cifar10_batch(std::string_view bytes, const std::string& name = "CIFAR-10 bytes");
 
 // The training set (data_batch_1.bin .. data_batch_5.bin, in that order: 50000 images) or the test set
 // (test_batch.bin: 10000). `dir` holds the files or is the parent of cifar-10-batches-bin/ (the archive's folder).

@@ -1,5 +1,6 @@
 // MNIST IDX reading (raw files directly, .gz through zlib when the build has it), the synthetic digit generator and
-// normalisation. Invariant: a parsed file had exactly the bytes its header announces — no fewer, no more.
+// normalisation. Invariant: a parsed file had exactly the bytes its header announces — no fewer, no more — and no
+// size it declares is trusted before it is checked (Note [IDX bounds]).
 #include "ember/data/mnist.h"
 
 #include <algorithm>
@@ -12,6 +13,7 @@
 #include <limits>
 #include <memory>
 #include <optional>
+#include <string_view>
 #include <vector>
 
 #if defined(EMBER_WITH_ZLIB)
@@ -29,28 +31,43 @@ namespace {
 using io::ends_with;
 using io::is_file;
 
-// A sequential byte stream over a raw or gzipped file. read() returns the bytes it got: fewer than asked means the
-// stream ended; a read error or corrupt compressed data raises FormatError / ValueError naming the file.
+// Note [IDX bounds]
+// Every size in an IDX header is checked before memory is allocated from it: the dims' product must be at most
+// kMaxIdxBytes (1 TiB); a raw input must be exactly header + payload long (its length is known up front); a gzip
+// input may announce at most kMaxDeflateRatio bytes per compressed byte (deflate's largest expansion is 1032:1), and
+// its payload is still read in bounded chunks before the tensor is allocated, so memory grows only with bytes that
+// really arrive. Gzip data is inflated from memory (a .gz path is read whole first: compressed files are small), so
+// the path and the bytes entry points run the same code.
+constexpr uint64_t kMaxIdxBytes = uint64_t{1} << 40;
+constexpr uint64_t kMaxDeflateRatio = 1032;
+
+// A sequential byte stream over a raw file, raw bytes in memory, or gzip data in memory (one or more concatenated
+// members, as gzip writes them). read() returns the bytes it got: fewer than asked means the stream ended; a read
+// error raises ValueError, corrupt, cut or trailing non-gzip data FormatError, each naming the input (`label`).
 class ByteStream {
  public:
-  explicit ByteStream(const std::string& path) : path_(path) {
-    if (ends_with(path, ".gz")) {
+  // A raw file.
+  ByteStream(const std::string& path, const std::string& label) : label_(label) {
+    file_ = std::fopen(path.c_str(), "rb");
+    EMBER_CHECK(file_ != nullptr, ValueError, "cannot open ", label_, ": ", std::strerror(errno));
+  }
+  // Bytes in memory, gzip-compressed when `gzipped`.
+  ByteStream(std::string_view bytes, bool gzipped, const std::string& label)
+      : label_(label), mem_(bytes), gzipped_(gzipped) {
+    if (gzipped_) {
 #if defined(EMBER_WITH_ZLIB)
-      gz_ = gzopen(path.c_str(), "rb");
-      EMBER_CHECK(gz_ != nullptr, ValueError, "cannot open '", path, "': ", std::strerror(errno));
-      gzbuffer(gz_, 1 << 17);
+      zs_ = std::make_unique<z_stream>();
+      std::memset(zs_.get(), 0, sizeof(z_stream));
+      EMBER_CHECK(inflateInit2(zs_.get(), 16 + MAX_WBITS) == Z_OK, Error, label_, ": cannot start zlib");
 #else
-      EMBER_THROW(FormatError, "'", path, "' is gzipped and ember was built without zlib; gunzip ", path, " first");
+      EMBER_THROW(FormatError, label_, " is gzipped and ember was built without zlib; gunzip it first");
 #endif
-    } else {
-      file_ = std::fopen(path.c_str(), "rb");
-      EMBER_CHECK(file_ != nullptr, ValueError, "cannot open '", path, "': ", std::strerror(errno));
     }
   }
   ~ByteStream() {
     if (file_) std::fclose(file_);
 #if defined(EMBER_WITH_ZLIB)
-    if (gz_) gzclose_r(gz_);
+    if (zs_) inflateEnd(zs_.get());
 #endif
   }
   ByteStream(const ByteStream&) = delete;
@@ -58,29 +75,24 @@ class ByteStream {
 
   uint64_t read(void* dst, uint64_t n) {
     auto* p = static_cast<unsigned char*>(dst);
-    uint64_t total = 0;
-    while (total < n) {
-      const unsigned chunk = static_cast<unsigned>(std::min<uint64_t>(n - total, 1u << 30));
-      uint64_t got = 0;
-#if defined(EMBER_WITH_ZLIB)
-      if (gz_) {
-        const int r = gzread(gz_, p + total, chunk);
-        if (r < 0) {
-          int code = 0;
-          const char* msg = gzerror(gz_, &code);
-          EMBER_THROW(FormatError, "'", path_, "': corrupt gzip data (", msg, ")");
-        }
-        got = static_cast<uint64_t>(r);
+    if (file_) {
+      uint64_t total = 0;
+      while (total < n) {
+        const size_t chunk = static_cast<size_t>(std::min<uint64_t>(n - total, 1u << 30));
+        const size_t got = std::fread(p + total, 1, chunk, file_);
+        EMBER_CHECK(!std::ferror(file_), ValueError, "cannot read ", label_, ": ", std::strerror(errno));
+        total += got;
+        if (got < chunk) break;
       }
-#endif
-      if (file_) {
-        got = std::fread(p + total, 1, chunk, file_);
-        EMBER_CHECK(!std::ferror(file_), ValueError, "cannot read '", path_, "': ", std::strerror(errno));
-      }
-      total += got;
-      if (got < chunk) break;
+      return total;
     }
-    return total;
+    if (!gzipped_) {
+      const uint64_t got = std::min<uint64_t>(n, mem_.size() - pos_);
+      if (got > 0) std::memcpy(p, mem_.data() + pos_, got);
+      pos_ += got;
+      return got;
+    }
+    return inflate_into(p, n);
   }
 
   // Bytes left until the end of the stream (reads them).
@@ -95,10 +107,63 @@ class ByteStream {
   }
 
  private:
-  std::string path_;
-  std::FILE* file_ = nullptr;
 #if defined(EMBER_WITH_ZLIB)
-  gzFile gz_ = nullptr;
+  uint64_t inflate_into(unsigned char* p, uint64_t n) {
+    uint64_t total = 0;
+    while (total < n && !gz_done_) {
+      z_stream& zs = *zs_;
+      if (zs.avail_in == 0 && pos_ < mem_.size()) {  // feed the next piece of input (at most 1 GiB at a time)
+        const uint64_t piece = std::min<uint64_t>(mem_.size() - pos_, 1u << 30);
+        zs.next_in = reinterpret_cast<Bytef*>(const_cast<char*>(mem_.data() + pos_));
+        zs.avail_in = static_cast<uInt>(piece);
+        pos_ += piece;
+      }
+      const uInt want = static_cast<uInt>(std::min<uint64_t>(n - total, 1u << 30));
+      zs.next_out = p + total;
+      zs.avail_out = want;
+      const int r = inflate(&zs, Z_NO_FLUSH);
+      total += want - zs.avail_out;
+      if (r == Z_STREAM_END) {
+        const uint64_t left = zs.avail_in + (mem_.size() - pos_);
+        if (left == 0) {
+          gz_done_ = true;
+        } else {
+          // Another member follows (concatenated gzip files decompress to their concatenation); anything else
+          // after the data is not gzip.
+          unsigned char next[2];
+          const uint64_t have = peek(next, 2);
+          EMBER_CHECK(have == 2 && next[0] == 0x1f && next[1] == 0x8b, FormatError, label_, ": ", left,
+                      " bytes after the end of the gzip data are not gzip data");
+          EMBER_CHECK(inflateReset(&zs) == Z_OK, FormatError, label_, ": corrupt gzip data");
+        }
+      } else if (r == Z_BUF_ERROR) {
+        EMBER_CHECK(!(zs.avail_in == 0 && pos_ == mem_.size()), FormatError, label_,
+                    ": truncated gzip data (the compressed stream ends early)");
+      } else if (r != Z_OK) {
+        EMBER_THROW(FormatError, label_, ": corrupt gzip data (", zs.msg ? zs.msg : "zlib error", ")");
+      }
+    }
+    return total;
+  }
+  // Copies up to n of the next unread input bytes (those zlib holds, then the rest) without consuming them.
+  uint64_t peek(unsigned char* out, uint64_t n) const {
+    uint64_t got = 0;
+    for (uInt i = 0; i < zs_->avail_in && got < n; ++i) out[got++] = zs_->next_in[i];
+    for (uint64_t at = pos_; at < mem_.size() && got < n; ++at) out[got++] = static_cast<unsigned char>(mem_[at]);
+    return got;
+  }
+#else
+  uint64_t inflate_into(unsigned char*, uint64_t) { return 0; }  // unreachable: the constructor threw
+#endif
+
+  std::string label_;
+  std::FILE* file_ = nullptr;
+  std::string_view mem_;
+  uint64_t pos_ = 0;  // bytes of mem_ consumed (handed to zlib, for gzip)
+  bool gzipped_ = false;
+#if defined(EMBER_WITH_ZLIB)
+  std::unique_ptr<z_stream> zs_;
+  bool gz_done_ = false;
 #endif
 };
 
@@ -109,14 +174,24 @@ uint32_t be32(const unsigned char* p) {
 constexpr uint32_t kImagesMagic = 0x00000803;  // u8 data, 3 dims
 constexpr uint32_t kLabelsMagic = 0x00000801;  // u8 data, 1 dim
 
-// Reads an IDX u8 file with the given magic and dims(magic & 0xff) dims into a u8 tensor of those dims.
-Tensor read_idx_u8(const std::string& path, uint32_t magic, const char* kind) {
-  ByteStream in(path);
+// What an IDX input is: its stream, its length when known up front (raw data), and its compressed length (gzip).
+struct IdxInput {
+  ByteStream& in;
+  std::optional<uint64_t> raw_size;         // raw input: exact length
+  std::optional<uint64_t> compressed_size;  // gzip input: compressed length
+  const std::string& label;                 // "'path'" or "IDX bytes", for messages
+};
+
+// Reads an IDX u8 input with the given magic and dims(magic & 0xff) dims into a u8 tensor of those dims
+// (Note [IDX bounds]).
+Tensor read_idx_u8(const IdxInput& src, uint32_t magic, const char* kind) {
+  ByteStream& in = src.in;
+  const std::string& label = src.label;
   const int ndim = static_cast<int>(magic & 0xff);
   std::array<unsigned char, 4 + 4 * 3> header{};
   // The magic first, so that a file of the other kind is reported as such even when it is short.
   uint64_t got = in.read(header.data(), 4);
-  EMBER_CHECK(got == 4, FormatError, "'", path, "': truncated: ", got, " bytes, but an IDX ", kind,
+  EMBER_CHECK(got == 4, FormatError, label, ": truncated: ", got, " bytes, but an IDX ", kind,
               " file starts with a 4-byte magic number");
   const uint32_t m = be32(header.data());
   if (m != magic) {
@@ -126,49 +201,50 @@ Tensor read_idx_u8(const std::string& path, uint32_t magic, const char* kind) {
                                              : "";
     char buf[64];
     std::snprintf(buf, sizeof buf, "0x%08x, expected 0x%08x", m, magic);
-    EMBER_THROW(FormatError, "'", path, "': bad magic number ", buf, hint, "; not an IDX ", kind, " file");
+    EMBER_THROW(FormatError, label, ": bad magic number ", buf, hint, "; not an IDX ", kind, " file");
   }
   const uint64_t dims_bytes = 4 * static_cast<uint64_t>(ndim);
   got = in.read(header.data() + 4, dims_bytes);
-  EMBER_CHECK(got == dims_bytes, FormatError, "'", path, "': truncated: the header ends after ", 4 + got,
+  EMBER_CHECK(got == dims_bytes, FormatError, label, ": truncated: the header ends after ", 4 + got,
               " bytes, an IDX ", kind, " file's has ", 4 + dims_bytes);
   Shape dims;
   __int128 bytes = 1;
   for (int i = 0; i < ndim; ++i) {
     const uint32_t d = be32(header.data() + 4 + 4 * i);
-    EMBER_CHECK(i == 0 || d > 0, FormatError, "'", path, "': dimension ", i, " is 0");
+    EMBER_CHECK(i == 0 || d > 0, FormatError, label, ": dimension ", i, " is 0");
     dims.push_back(static_cast<int64_t>(d));
     bytes *= d;
   }
-  EMBER_CHECK(bytes <= (__int128{1} << 40), FormatError, "'", path, "': dims ", shape_str(dims),
+  EMBER_CHECK(bytes <= static_cast<__int128>(kMaxIdxBytes), FormatError, label, ": dims ", shape_str(dims),
               " announce an implausible ", static_cast<int64_t>(bytes), " bytes");
   const uint64_t payload = static_cast<uint64_t>(bytes);
-  // A raw file must be exactly header + payload long: checked before the payload is allocated, so a forged header
-  // cannot make the reader allocate gigabytes for a few bytes of file. (A gzip stream's length is known only by
-  // reading it; there the payload is read in bounded chunks before the tensor is allocated.)
-  bool sized = false;  // the payload's length was checked against the file's before reading
-  if (!ends_with(path, ".gz")) {
-    if (const std::optional<int64_t> file_bytes = io::file_size(path)) {
-      sized = true;
-      const uint64_t expected = 4 + dims_bytes + payload;
-      const uint64_t size = static_cast<uint64_t>(*file_bytes);
-      EMBER_CHECK(size >= expected, FormatError, "'", path, "': truncated: the header announces ", shape_str(dims),
-                  " (", expected, " bytes with the header) but the file has ", size, " bytes");
-      EMBER_CHECK(size == expected, FormatError, "'", path, "': ", size - expected, " trailing bytes after the ",
-                  payload, " bytes of data the header announces (", shape_str(dims), ")");
-    }
+  if (src.compressed_size) {
+    const unsigned __int128 most = static_cast<unsigned __int128>(*src.compressed_size) * kMaxDeflateRatio;
+    EMBER_CHECK(payload <= most, FormatError, label, ": truncated: the header announces ", shape_str(dims), " (",
+                payload, " bytes of data) but ", *src.compressed_size,
+                " bytes of gzip data cannot hold that many (deflate expands at most ", kMaxDeflateRatio, ":1)");
+  }
+  // A raw input must be exactly header + payload long: checked before the payload is allocated, so a forged header
+  // cannot make the reader allocate gigabytes for a few bytes of file.
+  if (src.raw_size) {
+    const uint64_t expected = 4 + dims_bytes + payload;
+    const uint64_t size = *src.raw_size;
+    EMBER_CHECK(size >= expected, FormatError, label, ": truncated: the header announces ", shape_str(dims), " (",
+                expected, " bytes with the header) but the file has ", size, " bytes");
+    EMBER_CHECK(size == expected, FormatError, label, ": ", size - expected, " trailing bytes after the ", payload,
+                " bytes of data the header announces (", shape_str(dims), ")");
   }
   Tensor t;
-  if (sized) {
+  if (src.raw_size) {
     t = empty(dims, {DType::u8, Device::cpu()});
     if (payload > 0) {
       const uint64_t have = in.read(t.raw_data(), payload);
-      EMBER_CHECK(have == payload, FormatError, "'", path, "': truncated: the header announces ", shape_str(dims),
-                  " (", payload, " bytes of data) but the file ends after ", have);
+      EMBER_CHECK(have == payload, FormatError, label, ": truncated: the header announces ", shape_str(dims), " (",
+                  payload, " bytes of data) but the file ends after ", have);
     }
   } else {
-    // A gzip stream (or a file without a size) is read in bounded chunks first, so memory grows only with bytes
-    // that really arrive; the tensor is allocated once the whole payload is there.
+    // A gzip stream (or a file without a size) is read in bounded chunks first, so memory grows only with bytes that really arrive; the
+    // tensor is allocated once the whole payload is there.
     std::vector<uint8_t> buffer;
     constexpr uint64_t kChunk = uint64_t{16} << 20;
     while (buffer.size() < payload) {
@@ -176,16 +252,49 @@ Tensor read_idx_u8(const std::string& path, uint32_t magic, const char* kind) {
       const size_t at = buffer.size();
       buffer.resize(at + want);
       const uint64_t have = in.read(buffer.data() + at, want);
-      EMBER_CHECK(have == want, FormatError, "'", path, "': truncated: the header announces ", shape_str(dims),
-                  " (", payload, " bytes of data) but the file ends after ", at + have);
+      EMBER_CHECK(have == want, FormatError, label, ": truncated: the header announces ", shape_str(dims), " (",
+                  payload, " bytes of data) but the file ends after ", at + have);
     }
     t = empty(dims, {DType::u8, Device::cpu()});
     if (payload > 0) std::memcpy(t.raw_data(), buffer.data(), payload);
   }
   const uint64_t extra = in.drain();
-  EMBER_CHECK(extra == 0, FormatError, "'", path, "': ", extra, " trailing bytes after the ", payload,
+  EMBER_CHECK(extra == 0, FormatError, label, ": ", extra, " trailing bytes after the ", payload,
               " bytes of data the header announces (", shape_str(dims), ")");
   return t;
+}
+
+Tensor parse_idx_bytes(std::string_view bytes, bool gzipped, const std::string& label, uint32_t magic,
+                       const char* kind) {
+  ByteStream in(bytes, gzipped, label);
+  IdxInput src{in, std::nullopt, std::nullopt, label};
+  if (gzipped)
+    src.compressed_size = bytes.size();
+  else
+    src.raw_size = bytes.size();
+  return read_idx_u8(src, magic, kind);
+}
+
+// A file at `path`: raw files are streamed (their size is known from stat), .gz files are read whole and inflated
+// from memory.
+Tensor read_idx_path(const std::string& path, uint32_t magic, const char* kind) {
+  const std::string label = "'" + path + "'";
+  if (ends_with(path, ".gz")) {
+    EMBER_CHECK(gzip_supported(), FormatError, label, " is gzipped and ember was built without zlib; gunzip ", path,
+                " first");
+    const std::optional<int64_t> size = io::file_size(path);
+    EMBER_CHECK(size.has_value(), ValueError, "cannot open ", label, ": no such file");
+    const io::ReadOnlyFile file(path);
+    std::string bytes(static_cast<size_t>(*size), '\0');
+    const int64_t got = file.read_at(0, bytes.data(), *size);
+    bytes.resize(static_cast<size_t>(got));
+    return parse_idx_bytes(bytes, true, label, magic, kind);
+  }
+  ByteStream in(path, label);
+  const std::optional<int64_t> size = io::file_size(path);
+  IdxInput src{in, std::nullopt, std::nullopt, label};
+  if (size) src.raw_size = static_cast<uint64_t>(*size);  // else (not a regular file): read in bounded chunks
+  return read_idx_u8(src, magic, kind);
 }
 
 // The first of dir/<stem>{-,.}<kind>{,.gz} that exists.
@@ -213,11 +322,16 @@ bool gzip_supported() {
 #endif
 }
 
-Tensor read_idx_images(const std::string& path) { return read_idx_u8(path, kImagesMagic, "image"); }
+Tensor read_idx_images(const std::string& path) { return read_idx_path(path, kImagesMagic, "image"); }
 
-Tensor read_idx_labels(const std::string& path) {
-  const Tensor raw = read_idx_u8(path, kLabelsMagic, "label");
-  return raw.to(DType::i64);
+Tensor read_idx_labels(const std::string& path) { return read_idx_path(path, kLabelsMagic, "label").to(DType::i64); }
+
+Tensor parse_idx_images(std::string_view bytes, bool gzipped, const std::string& name) {
+  return parse_idx_bytes(bytes, gzipped, name, kImagesMagic, "image");
+}
+
+Tensor parse_idx_labels(std::string_view bytes, bool gzipped, const std::string& name) {
+  return parse_idx_bytes(bytes, gzipped, name, kLabelsMagic, "label").to(DType::i64);
 }
 
 MnistData load_mnist(const std::string& dir, bool train) {

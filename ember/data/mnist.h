@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 
 #include "ember/core/tensor.h"
 
@@ -24,8 +25,13 @@ MnistData load_mnist(const std::string& dir, bool train);
 // The IDX parsers behind load_mnist, for one file each (raw or .gz by the file's suffix):
 // images: magic 0x00000803, u32 big-endian N, rows, cols, then N*rows*cols bytes -> u8 [N, rows, cols];
 // labels: magic 0x00000801, u32 big-endian N, then N bytes -> i64 [N].
+// Every size the header declares is checked against the input's length before anything is allocated from it.
 Tensor read_idx_images(const std::string& path);
 Tensor read_idx_labels(const std::string& path);
+// The same parsers over a file's bytes in memory (gzip-compressed when `gzipped`); `name` names the input in errors.
+// The path versions above run the same code.
+Tensor parse_idx_images(std::string_view bytes, bool gzipped = false, const std::string& name = "IDX bytes");
+Tensor parse_idx_labels(std::string_view bytes, bool gzipped = false, const std::string& name = "IDX bytes");
 
 // Whether this build reads .gz files (zlib was found at build time); without it they raise FormatError.
 bool gzip_supported();

@@ -31,7 +31,9 @@ static_assert(std::endian::native == std::endian::little,
 // object; the byte buffer. Every key but "__metadata__" (an object of string -> string) names a tensor:
 // {"dtype": "F32", "shape": [...], "data_offsets": [begin, end]}, offsets relative to the buffer. A loader must not
 // trust any of it, so before a single tensor byte is read we check, as the reference implementation does:
-//   - the header: at most 100 MB (kMaxHeaderBytes) and inside the file; valid JSON; an object; no duplicate keys;
+//   - the header: at most 100 MB (kMaxHeaderBytes) and inside the file; valid JSON nested at most kMaxHeaderDepth
+//     deep (a valid header nests 3 deep; the limit bounds the parser's memory and the error messages' recursion on
+//     a hostile header); an object; no duplicate keys;
 //   - each entry: exactly the three keys with the right JSON types; a dtype ember has; non-negative dims whose
 //     byte count fits in int64; begin <= end <= buffer size; end - begin == numel * itemsize;
 //   - coverage: sorted by begin, the entries tile [0, buffer size) with no gap, no overlap and no trailing bytes.
@@ -43,6 +45,7 @@ namespace {
 
 using Json = nlohmann::ordered_json;
 constexpr uint64_t kMaxHeaderBytes = 100'000'000;
+constexpr int kMaxHeaderDepth = 16;
 constexpr const char* kMetadataKey = "__metadata__";
 
 struct Entry {
@@ -71,7 +74,10 @@ Header parse_header(std::string_view text, uint64_t buffer_size, const std::stri
   // Duplicate keys are not valid safetensors (a JSON object maps each name once); nlohmann-json would silently
   // keep one of them, so a parser callback tracks the keys of every open object.
   std::vector<std::set<std::string>> open_objects;
-  const Json::parser_callback_t callback = [&](int, Json::parse_event_t event, Json& parsed) {
+  const Json::parser_callback_t callback = [&](int depth, Json::parse_event_t event, Json& parsed) {
+    if (event == Json::parse_event_t::object_start || event == Json::parse_event_t::array_start)
+      EMBER_CHECK(depth < kMaxHeaderDepth, FormatError, where, ": the header nests more than ", kMaxHeaderDepth,
+                  " levels deep");
     if (event == Json::parse_event_t::object_start) {
       open_objects.emplace_back();
     } else if (event == Json::parse_event_t::object_end) {

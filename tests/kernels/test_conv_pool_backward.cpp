@@ -461,7 +461,7 @@ TEST_P(AvgPool2dBackwardTest, MatchesFiniteDifferencesOfForward) {
       SCOPED_TRACE(pool_str(xs, p));
       const Shape os = pool_out_shape(xs, p);
       const std::vector<double> xv = rand_input(xs).to_vector<double>(), gv = rand_input(os).to_vector<double>();
-      auto loss = [&](const std::vector<double>& xx) {
+      auto loss = [&, &xs = xs](const std::vector<double>& xx) {  // a structured binding, captured by name
         const std::vector<double> out = ops::avg_pool2d(from_vector(xx, xs).to(device()), p).to_vector<double>();
         double s = 0.0;
         for (size_t i = 0; i < out.size(); ++i) s += out[i] * gv[i];
