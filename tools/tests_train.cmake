@@ -4,13 +4,15 @@
 # generated data, so the whole file stays within seconds on two cores.
 #
 # Checker variables (-D...): EMBER (the program), ARGS (its arguments, space-separated), MODE (run | error | resume |
-#   exact),
+#   exact | ddp),
 #   EXPECT  space-separated checks of the JSON's keys: key=number|string|null|bool|any|<exact value>; a dotted key
 #           walks into objects (build.cuda=bool)
 #   MATCH   a regular expression the combined output must contain
 #   FILES   space-separated FILE:TEXT pairs: the file must exist and contain TEXT
 #   RESUME_ARGS (resume) the second run's arguments; its JSON is checked with EXPECT
 #   REJECT_ARGS, REJECT_MATCH (resume) a third run that must fail with one line matching REJECT_MATCH
+#   RUN_MPI, MPIEXEC (ddp) ARGS runs with --ddp under `sh RUN_MPI MPIEXEC 2` and alone: rank 0 alone prints the
+#           report and the JSON, whose final_loss equals the single process's within 1e-6; FILES must exist
 #   SPLIT_ARGS, RESUME_ARGS, SAME (exact) ARGS runs straight through, SPLIT_ARGS runs the first part and RESUME_ARGS
 #           resumes it; SAME names the two files that must be byte-identical (the straight run's and the resumed
 #           run's checkpoints: weights, optimizer state, manifest and all)
@@ -57,6 +59,66 @@ if(CMAKE_SCRIPT_MODE_FILE)
       endif()
     endforeach()
   endfunction()
+
+  function(_final_loss out var)
+    string(STRIP "${out}" _trimmed)
+    string(REGEX REPLACE "^.*\n" "" _last "${_trimmed}")
+    string(JSON _v ERROR_VARIABLE _jerr GET "${_last}" final_loss)
+    if(_jerr)
+      message(FATAL_ERROR "stdout's last line is not the JSON report: '${_last}'")
+    endif()
+    set(${var} "${_v}" PARENT_SCOPE)
+  endfunction()
+
+  if(MODE STREQUAL "ddp")
+    execute_process(COMMAND sh ${RUN_MPI} ${MPIEXEC} 2 ${EMBER} ${_args} --ddp OUTPUT_VARIABLE _out
+                    ERROR_VARIABLE _err RESULT_VARIABLE _rc TIMEOUT 600)
+    if(_rc STREQUAL "77")
+      message(STATUS "${_out}")  # SKIP_REGULAR_EXPRESSION
+      return()
+    elseif(NOT _rc STREQUAL "0")
+      message(FATAL_ERROR "mpirun -np 2 ember ${ARGS} --ddp failed (${_rc}):\n${_out}\n${_err}")
+    endif()
+    string(REGEX MATCHALL "\"world_size\":2" _reports "${_out}")
+    string(REGEX MATCHALL "done \\(2 ranks\\): step" _dones "${_out}${_err}")
+    list(LENGTH _reports _n_reports)
+    list(LENGTH _dones _n_dones)
+    if(NOT _n_reports EQUAL 1 OR NOT _n_dones EQUAL 1)
+      message(FATAL_ERROR "expected one JSON report and one 'done:' line (rank 0's), got ${_n_reports} and "
+                          "${_n_dones}:\n${_out}\n${_err}")
+    endif()
+    if(DEFINED MATCH AND NOT "${_out}${_err}" MATCHES "${MATCH}")
+      message(FATAL_ERROR "the output does not match '${MATCH}':\n${_out}\n${_err}")
+    endif()
+    _final_loss("${_out}" _ddp_loss)
+    _run_ember(_out1 _err1 _rc1 ${_args})
+    if(NOT _rc1 STREQUAL "0")
+      message(FATAL_ERROR "`ember ${ARGS}` failed (${_rc1}):\n${_out1}\n${_err1}")
+    endif()
+    _final_loss("${_out1}" _one_loss)
+    # CMake's math is integer: the losses in units of 1e-9, compared within 1e-6.
+    foreach(_which ddp one)
+      if(NOT "${_${_which}_loss}" MATCHES "^([0-9]+)\\.([0-9]+)$")
+        message(FATAL_ERROR "final loss '${_${_which}_loss}' is not a plain decimal")
+      endif()
+      set(_int "${CMAKE_MATCH_1}")
+      string(SUBSTRING "${CMAKE_MATCH_2}000000000" 0 9 _frac)
+      string(REGEX REPLACE "^0+([0-9])" "\\1" _frac "${_frac}")
+      math(EXPR _${_which}_nano "${_int} * 1000000000 + ${_frac}")
+    endforeach()
+    math(EXPR _diff "${_ddp_nano} - ${_one_nano}")
+    if(_diff GREATER 1000 OR _diff LESS -1000)
+      message(FATAL_ERROR "final loss with --ddp on 2 ranks ${_ddp_loss} != one process's ${_one_loss}")
+    endif()
+    message(STATUS "final loss: 2 ranks ${_ddp_loss}, one process ${_one_loss} (difference ${_diff}e-9)")
+    separate_arguments(_files UNIX_COMMAND "${FILES}")
+    foreach(_file IN LISTS _files)
+      if(NOT EXISTS "${_file}")
+        message(FATAL_ERROR "${_file} was not written")
+      endif()
+    endforeach()
+    return()
+  endif()
 
   if(MODE STREQUAL "error")
     _run_ember(_out _err _rc ${_args})
@@ -203,6 +265,25 @@ ember_train_test(train_trace_html run
   "train --model mlp --steps 3 --trace-steps 2 --batch-size 16 --trace trace.json --html timeline.html"
   FILES "timeline.html:<svg trace.json:traceEvents"
   MATCH "trace: [0-9]+ allocator events \\(setup and 2 steps\\) written to trace.json timeline.html")
+
+# --ddp under `mpirun -np 2` (skipped where mpirun cannot start): each rank trains on its half of every batch, rank 0
+# alone reports (with the DDP buckets in the memory report) and writes --save; the job's final loss equals one
+# process's on the whole batch (the same data, the same initial weights).
+if(EMBER_WITH_MPI AND MPIEXEC_EXECUTABLE)
+  file(REMOVE ${_train_dir}/ddp.safetensors)
+  add_test(NAME tools.train_ddp_mpi_np2
+    COMMAND ${CMAKE_COMMAND} -DEMBER=$<TARGET_FILE:ember_cli> -DMODE=ddp
+            "-DARGS=train --model mlp --steps 5 --batch-size 32 --grad-accum 2 --json --save ddp.safetensors"
+            -DRUN_MPI=${PROJECT_SOURCE_DIR}/tests/dist/run_mpi.sh -DMPIEXEC=${MPIEXEC_EXECUTABLE}
+            "-DMATCH=ddp: 2 ranks, 16 rows of each batch per rank.*ddp \\(rank 0 of 2\\): [0-9]+ gradient bucket"
+            -DFILES=ddp.safetensors
+            -P ${CMAKE_CURRENT_LIST_FILE}
+    WORKING_DIRECTORY ${_train_dir})
+  # Sanitizer builds: OpenMPI's own leaks are suppressed as for the dist tests (tests/dist/lsan_openmpi.supp).
+  set_tests_properties(tools.train_ddp_mpi_np2 PROPERTIES LABELS "tools;dist" PROCESSORS 2
+    SKIP_REGULAR_EXPRESSION "mpirun cannot start"
+    ENVIRONMENT "LSAN_OPTIONS=suppressions=${PROJECT_SOURCE_DIR}/tests/dist/lsan_openmpi.supp:fast_unwind_on_malloc=0:print_suppressions=0")
+endif()
 
 # --resume refuses a text whose vocabulary has as many characters as the checkpoint's but other ones (every token id
 # would mean another character). The generated verse has 34 characters; other34.txt has 34 others.

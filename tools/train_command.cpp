@@ -68,7 +68,9 @@ void run_train(TrainArgs& a, bool seed_given) {
     throw;
   }
   printer->finish();
-  std::string done = "done: step " + std::to_string(r.steps);
+  if (r.rank != 0) return;  // --ddp: rank 0 reports for the job
+  std::string done = (r.world_size > 1 ? "done (" + std::to_string(r.world_size) + " ranks): step " : "done: step ") +
+                     std::to_string(r.steps);
   char buf[160];
   std::snprintf(buf, sizeof buf, " in %.1f s (%.1f samples/s)", r.seconds, r.samples_per_s);
   done += buf;
@@ -135,6 +137,9 @@ void add_train_command(CLI::App& app) {
   cmd->add_option("--html", o.html_path, "write the memory timeline page");
   cmd->add_option("--trace-steps", o.trace_steps, "steps traced (from program start)")->capture_default_str();
   cmd->add_option("--log-interval", o.log_interval, "steps between progress lines (default: about 20 per run)");
+  cmd->add_flag("--ddp", o.ddp,
+                "data parallelism under `mpirun -np N`: each rank trains on its rows of every batch (DDP over MPI); "
+                "rank 0 prints and writes files");
   cmd->add_flag("--json", a->json, "print one JSON object as the last stdout line (progress goes to stderr)");
   cmd->add_flag("--quiet", a->quiet, "no progress lines");
   cmd->callback([a, cmd] {

@@ -62,6 +62,13 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<nn::Module> mod
 
 DistributedDataParallel::~DistributedDataParallel() {
   for (auto& h : hooks_) h.remove();
+  // Note [DDP exceptions]: an open iteration is completed so that the other ranks' collectives find their match.
+  if (in_iteration()) {
+    try {
+      finish();
+    } catch (...) {
+    }
+  }
   for (auto& b : buckets_) {
     if (!b.work) continue;
     try {
@@ -177,9 +184,15 @@ void DistributedDataParallel::build_buckets() {
 }
 
 Tensor DistributedDataParallel::forward(const Tensor& x) {
+  prepare_for_backward();
+  return module_->forward(x);
+}
+
+void DistributedDataParallel::prepare_for_backward() {
   EMBER_CHECK(!in_iteration(), ValueError, "DistributedDataParallel: the previous backward's gradient reduction was "
               "not finished (some parameter got no gradient): call finish() before the optimizer step");
-  return module_->forward(x);
+  armed_ = sync_ && GradMode::is_enabled();  // Note [DDP no_sync]
+  finished_by_hook_ = false;  // finish() now belongs to this forward's iteration
 }
 
 void DistributedDataParallel::start_iteration() {
@@ -196,7 +209,7 @@ void DistributedDataParallel::start_iteration() {
 }
 
 void DistributedDataParallel::on_gradient(int64_t index) {
-  if (!sync_) return;
+  if (!armed_) return;  // Note [DDP no_sync]
   if (!in_iteration()) start_iteration();
   EMBER_CHECK(!ready_[index], ValueError, "DistributedDataParallel: parameter '", names_[index],
               "' received a second gradient in one iteration (two backward passes without finish(); use no_sync() "
@@ -244,16 +257,17 @@ void DistributedDataParallel::complete_iteration() {
     b.work.reset();
   }
   iteration_done_ = true;
+  armed_ = false;  // the next backward reduces only through a new forward()
 }
 
 void DistributedDataParallel::finish() {
-  if (!sync_) return;  // inside no_sync(): nothing was reduced
   // Also when no hook fired at all (no parameter got a gradient on this rank): the other ranks may be reducing.
   if (!in_iteration()) {
     if (finished_by_hook_) {  // the last hook completed this iteration
       finished_by_hook_ = false;
       return;
     }
+    if (!armed_) return;  // the forward ran inside no_sync(): nothing is reduced (Note [DDP no_sync])
     start_iteration();
   }
   // Parameters without a gradient in this iteration contribute zeros.

@@ -33,6 +33,14 @@ struct DdpOptions {
 // gradients, zeros when no rank used it) and is a no-op otherwise: call it before every optimizer step. forward()
 // refuses to start an iteration while the previous one is unfinished (ValueError), so a missed finish() cannot
 // silently train on unreduced gradients.
+// Note [DDP no_sync]: as in PyTorch, whether a backward reduces is decided by its forward: a forward() run inside
+// no_sync() (or without grad mode) makes the backward through it accumulate locally; a forward() run outside makes
+// it reduce, the accumulated sums included, wherever backward() is called. Gradients of a graph that did not go
+// through forward() are not reduced (as PyTorch's reducer ignores hooks it did not expect).
+// Note [DDP exceptions]: a throw during a synced backward (a user hook, an error in a kernel) leaves some buckets
+// launched and the iteration open. finish() completes it (the missing gradients count as zeros), so this rank's
+// collectives match the other ranks' and no request stays pending; the destructor does the same when the wrapper
+// goes out of scope while an iteration is open, then waits for every launched bucket.
 class DistributedDataParallel {
  public:
   // ValueError (on every rank, before any weight moves) when the ranks' parameter lists differ in count, shape or
@@ -43,9 +51,16 @@ class DistributedDataParallel {
   DistributedDataParallel(const DistributedDataParallel&) = delete;
   DistributedDataParallel& operator=(const DistributedDataParallel&) = delete;
 
-  // The module's forward (ValueError when the previous synced backward was not finished).
+  // The module's forward (ValueError when the previous synced backward was not finished); decides whether the
+  // backward through it reduces (Note [DDP no_sync]).
   Tensor forward(const Tensor& x);
   Tensor operator()(const Tensor& x) { return forward(x); }
+  // What forward() does before the module's forward, for a model called through another signature (a GPT's
+  // forward(idx, targets)): the unfinished-iteration check and the decision whether the coming backward reduces.
+  void prepare_for_backward();
+  // torch's require_backward_grad_sync: false is what no_sync() sets for its scope (gradient accumulation's
+  // non-final micro-batches, train::AccumulationOptions::on_micro_batch).
+  void set_require_backward_grad_sync(bool sync) { sync_ = sync; }
   nn::Module& module() { return *module_; }
   std::shared_ptr<nn::Module> module_ptr() const { return module_; }
   ProcessGroup& group() { return *group_; }
@@ -55,8 +70,8 @@ class DistributedDataParallel {
   // True between the first gradient hook of a synced backward and the end of its reduction.
   bool in_iteration() const { return iteration_started_ && !iteration_done_; }
 
-  // While the guard lives, backward only accumulates gradients locally; the next synced backward reduces the
-  // accumulated sums (torch's no_sync()).
+  // While the guard lives, forward() makes graphs whose backward only accumulates gradients locally; the next backward
+  // through a forward() outside the guard reduces the accumulated sums (torch's no_sync(), Note [DDP no_sync]).
   class NoSyncGuard {
    public:
     explicit NoSyncGuard(DistributedDataParallel& ddp) : ddp_(&ddp), previous_(ddp.sync_) { ddp.sync_ = false; }
@@ -74,6 +89,7 @@ class DistributedDataParallel {
   // launch order, and the bytes all buckets hold.
   std::vector<std::vector<int64_t>> bucket_assignment() const;
   int64_t bucket_bytes() const;
+  int64_t num_buckets() const { return static_cast<int64_t>(buckets_.size()); }
 
  private:
   struct Bucket {
@@ -103,7 +119,8 @@ class DistributedDataParallel {
   std::vector<autograd::HookHandle> hooks_;
   int64_t num_ready_ = 0;
   size_t next_launch_ = 0;
-  bool sync_ = true;
+  bool sync_ = true;   // outside no_sync()
+  bool armed_ = false;  // the last forward() ran outside no_sync() with grad mode on: its backward reduces
   bool iteration_started_ = false;
   bool iteration_done_ = true;
   bool finished_by_hook_ = false;  // the last hook completed the iteration; the next finish() only acknowledges it

@@ -26,7 +26,8 @@ namespace {
 // post-accumulate-grad hooks there, while wait() may be called from any thread. MPI_THREAD_SERIALIZED is enough when
 // no two threads are inside MPI at once, which one process-wide mutex guarantees; it is cheaper than
 // MPI_THREAD_MULTIPLE in OpenMPI. Waiting polls MPI_Test under the lock and yields between polls, so a thread that
-// waits never keeps another from launching (a blocking MPI_Wait under the lock would).
+// waits never keeps another from launching (a blocking MPI_Wait under the lock would). Lock order: a Work's own mutex
+// (PolledWork) may be held while taking mpi_lock(), never the reverse.
 std::mutex& mpi_lock() {
   static std::mutex m;
   return m;
@@ -75,30 +76,41 @@ void divide_(const Tensor& t, int n) {
   }
 }
 
-class MpiWork : public Work {
+// A non-blocking MPI collective: its request, the tensors it reads and writes (alive until it completed, also when it
+// failed: Note [Work errors]) and the completion that runs once it finished (averaging, the copy out of an fp32
+// staging buffer). Completion and errors: PolledWork.
+class MpiWork : public PolledWork {
  public:
   MpiWork(std::vector<Tensor> keep, std::function<void()> finish)
       : keep_(std::move(keep)), finish_(std::move(finish)) {}
   ~MpiWork() override {
     try {
       wait();
-    } catch (...) {  // a destructor must not throw; the request is gone either way
+    } catch (...) {  // a destructor must not throw; the error was the caller's to see through wait()
     }
   }
   MPI_Request* request() { return &request_; }
+  // Called once the MPI call returned MPI_SUCCESS: a Work whose launch failed completes without its completion.
+  void started() { started_ = true; }
 
-  void wait() override {
-    while (!is_completed()) std::this_thread::yield();
-  }
-  bool is_completed() override {
-    if (done_) return true;
+ protected:
+  bool poll() override {
+    if (!started_) {
+      keep_.clear();
+      finish_ = nullptr;
+      return true;
+    }
     int flag = 0;
     {
       std::lock_guard<std::mutex> lock(mpi_lock());
+      // A request still pending when MPI was finalized (a Work kept past dist::finalize()) can never complete.
+      int fin = 0;
+      MPI_Finalized(&fin);
+      EMBER_CHECK(!fin, BackendError, "dist: a collective was still pending when MPI was finalized "
+                  "(dist::finalize() needs every Work waited)");
       EMBER_MPI_CHECK(MPI_Test(&request_, &flag, MPI_STATUS_IGNORE));
     }
     if (!flag) return false;
-    done_ = true;
     if (finish_) {
       NoGradGuard no_grad;
       finish_();
@@ -110,7 +122,7 @@ class MpiWork : public Work {
 
  private:
   MPI_Request request_ = MPI_REQUEST_NULL;
-  bool done_ = false;
+  bool started_ = false;
   std::vector<Tensor> keep_;
   std::function<void()> finish_;
 };
@@ -143,6 +155,7 @@ class MpiProcessGroup : public ProcessGroup {
     std::lock_guard<std::mutex> lock(mpi_lock());
     EMBER_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, buf.raw_data(), count, mpi_type(buf.dtype()), MPI_SUM, comm_,
                                    work->request()));
+    work->started();
     return work;
   }
 
@@ -165,6 +178,7 @@ class MpiProcessGroup : public ProcessGroup {
     std::lock_guard<std::mutex> lock(mpi_lock());
     EMBER_MPI_CHECK(MPI_Ireduce_scatter_block(in.raw_data(), out.raw_data(), static_cast<int>(output.numel()),
                                               mpi_type(in.dtype()), MPI_SUM, comm_, work->request()));
+    work->started();
     return work;
   }
 
@@ -179,6 +193,7 @@ class MpiProcessGroup : public ProcessGroup {
     std::lock_guard<std::mutex> lock(mpi_lock());
     EMBER_MPI_CHECK(MPI_Iallgather(input.raw_data(), static_cast<int>(input.nbytes()), MPI_BYTE, output.raw_data(),
                                    static_cast<int>(input.nbytes()), MPI_BYTE, comm_, work->request()));
+    work->started();
     return work;
   }
 
@@ -189,6 +204,7 @@ class MpiProcessGroup : public ProcessGroup {
     auto work = std::make_shared<MpiWork>(std::vector<Tensor>{tensor}, nullptr);
     std::lock_guard<std::mutex> lock(mpi_lock());
     EMBER_MPI_CHECK(MPI_Ibcast(tensor.raw_data(), bytes, MPI_BYTE, root, comm_, work->request()));
+    work->started();
     return work;
   }
 
@@ -196,6 +212,7 @@ class MpiProcessGroup : public ProcessGroup {
     auto work = std::make_shared<MpiWork>(std::vector<Tensor>{}, nullptr);
     std::lock_guard<std::mutex> lock(mpi_lock());
     EMBER_MPI_CHECK(MPI_Ibarrier(comm_, work->request()));
+    work->started();
     return work;
   }
 

@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <mutex>
 #include <string>
+#include <thread>
 
 #include "ember/base/error.h"
 
@@ -59,6 +60,29 @@ int env_int(const char* const* names, int fallback) {
 }  // namespace
 
 WorkPtr completed_work() { return std::make_shared<CompletedWork>(); }
+
+// Note [Work errors]
+// A collective that fails while in flight (MPI returns an error from MPI_Test, or the completion's copy throws) must
+// neither be reported as success to a later waiter nor polled again (the request is gone). The first failure is kept
+// and the Work counts as completed: wait() rethrows it every time, including from another thread, and the
+// destructor's wait swallows it. Buffers stay alive with the Work, so a failed request never writes freed memory.
+bool PolledWork::is_completed() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (done_) return true;
+  try {
+    done_ = poll();
+  } catch (...) {
+    error_ = std::current_exception();
+    done_ = true;
+  }
+  return done_;
+}
+
+void PolledWork::wait() {
+  while (!is_completed()) std::this_thread::yield();
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (error_) std::rethrow_exception(error_);
+}
 
 bool is_available() {
 #if defined(EMBER_WITH_MPI)

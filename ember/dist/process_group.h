@@ -5,7 +5,9 @@
 #pragma once
 
 #include <cstdint>
+#include <exception>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -27,6 +29,24 @@ class Work {
   virtual bool is_completed() = 0;
 };
 using WorkPtr = std::shared_ptr<Work>;
+
+// A Work completed by polling (the MPI backend's): poll() tests the operation once and returns true when it finished
+// (having run its completion, e.g. the copy out of a staging buffer). Thread-safe: polls are serialised per Work, so
+// the completion runs once however many threads wait. An exception from poll() completes the Work with that error:
+// is_completed() is then true and every wait() rethrows it (Note [Work errors]).
+class PolledWork : public Work {
+ public:
+  void wait() final;
+  bool is_completed() final;
+
+ protected:
+  virtual bool poll() = 0;
+
+ private:
+  std::mutex mutex_;
+  bool done_ = false;
+  std::exception_ptr error_;
+};
 
 // Collectives over flat (contiguous) tensors; typed errors before anything is launched: DeviceError for a tensor on a
 // device the backend does not serve, DTypeError for a dtype it cannot reduce or for mismatched dtypes, ShapeError for

@@ -17,6 +17,7 @@
 #include "ember/autograd/checkpoint_plan.h"
 #include "ember/base/error.h"
 #include "ember/core/storage.h"
+#include "ember/dist/ddp.h"
 #include "ember/memory/address_only.h"
 #include "ember/memory/alloc_config.h"
 #include "ember/memory/cpu_allocator.h"
@@ -133,6 +134,9 @@ struct TrainRunner::Impl {
   std::unique_ptr<AmpTrainer> trainer;
   std::unique_ptr<optim::LRScheduler> sched;
   std::unique_ptr<GradAccumulator> accum;
+  std::shared_ptr<dist::ProcessGroup> group;          // --ddp
+  std::unique_ptr<dist::DistributedDataParallel> ddp;  // --ddp, made after the trainer (which may cast the model)
+  int rank = 0, world = 1;
   autograd::CheckpointPlan plan;
   int64_t batch = 0, micro = 0, step = 0, start_step = 0, total = 0, per_epoch = 0;
   double lr = 0.0;
@@ -196,6 +200,13 @@ void TrainRunner::Impl::validate() {
                 "EMBER_ALLOC_CONF)");
   if (!o.data.empty() && !o.synthetic)
     EMBER_CHECK(std::filesystem::exists(o.data), ValueError, "--data ", o.data, " does not exist");
+  if (o.ddp) {
+    EMBER_CHECK(dist::is_available(), ValueError, "--ddp: ember was built without MPI (install OpenMPI, e.g. "
+                "scripts/setup-deps, and reconfigure)");
+    EMBER_CHECK(o.device.is_cpu(), ValueError, "--ddp trains on cpu over MPI; ", o.device.str(),
+                " (NCCL) is not wired into ember train yet");
+    EMBER_CHECK(!o.auto_batch, ValueError, "--ddp takes a fixed --batch-size (the global batch), not auto");
+  }
   check_parent_dir(o.save_path, "--save");
   check_parent_dir(o.trace_path, "--trace");
   check_parent_dir(o.html_path, "--html");
@@ -398,6 +409,18 @@ TrainRunner::~TrainRunner() = default;
 void TrainRunner::setup() {
   Impl& s = *impl_;
   if (s.set_up) return;
+  if (s.o.ddp) {  // before the allocator: ranks other than 0 trace nothing, write nothing and report nothing
+    s.group = dist::init(dist::Backend::Mpi);
+    s.rank = s.group->rank();
+    s.world = s.group->size();
+    if (s.rank != 0) {
+      s.o.save_path.clear();
+      s.o.trace_path.clear();
+      s.o.html_path.clear();
+      s.o.on_message = nullptr;
+      s.o.on_progress = nullptr;
+    }
+  }
   const RunnerOptions& o = s.o;
   s.prepare_allocator();  // Note [Allocator first]
 
@@ -437,7 +460,9 @@ void TrainRunner::setup() {
     s.search_batch();
   } else {
     s.batch = default_batch;
-    s.micro = s.batch / o.grad_accum;
+    EMBER_CHECK(s.batch % (s.world * o.grad_accum) == 0, ValueError, "--ddp: the batch of ", s.batch,
+                " does not divide into ", s.world, " ranks x ", o.grad_accum, " micro-batches");
+    s.micro = s.batch / s.world / o.grad_accum;
   }
   s.install_plan(s.micro);
   if (!s.plan.segments.empty()) s.message(s.plan.to_string());
@@ -458,6 +483,14 @@ void TrainRunner::setup() {
   AccumulationOptions ao;
   ao.micro_batches = o.grad_accum;
   ao.max_grad_norm = s.task->max_grad_norm();
+  if (o.ddp) {
+    // Rank 0's weights everywhere; the non-final micro-batches of a step accumulate locally (no_sync).
+    s.ddp = std::make_unique<dist::DistributedDataParallel>(s.model, s.group);
+    ao.on_micro_batch = [&s](bool final_micro) { s.ddp->set_require_backward_grad_sync(final_micro); };
+    s.message("ddp: " + std::to_string(s.world) + " ranks, " + std::to_string(s.batch / s.world) +
+              " rows of each batch per rank, " + std::to_string(s.ddp->num_buckets()) + " gradient bucket(s) (" +
+              memory::format_bytes(s.ddp->bucket_bytes()) + ")");
+  }
   s.accum = std::make_unique<GradAccumulator>(*s.model, *s.trainer, ao);
   if (o.device.is_cuda()) memory::cuda::synchronize(o.device.index);
   s.set_up = true;
@@ -507,12 +540,26 @@ RunResult TrainRunner::run() {
 
   double train_seconds = 0.0, interval_seconds = 0.0, interval_loss = 0.0;
   int64_t samples = 0, interval_samples = 0, interval_steps = 0;
-  const LossFn loss_fn = [&s](const Batch& b) { return s.loss(b); };
+  const LossFn loss_fn = [&s](const Batch& b) {
+    if (s.ddp) s.ddp->prepare_for_backward();  // what DDP's forward does; the task calls the model itself
+    return s.loss(b);
+  };
+  const int64_t local_rows = s.batch / s.world;
   while (s.step < s.total) {
     if (s.tracing) s.caching->annotate("step " + std::to_string(s.step + 1));
     const auto t0 = Clock::now();
-    const Batch b = s.task->next_batch();
-    const StepResult sr = s.accum->step(b, loss_fn);
+    Batch b = s.task->next_batch();
+    if (s.ddp) b = slice_batch(b, s.rank * local_rows, (s.rank + 1) * local_rows);  // this rank's shard
+    StepResult sr = s.accum->step(b, loss_fn);
+    if (s.ddp) {
+      EMBER_CHECK(!s.ddp->in_iteration(), ValueError, "--ddp: a parameter of ", o.model,
+                  " got no gradient, so the reduction did not complete before the optimizer step");
+      // The job's loss and rows: the mean of the ranks' losses (equal shards) and every rank's samples.
+      Tensor l = full({1}, sr.loss, DType::f64);
+      s.group->all_reduce(l, dist::ReduceOp::Avg)->wait();
+      sr.loss = l.item_double();
+      sr.samples *= s.world;
+    }
     if (s.sched) s.sched->step();
     ++s.step;
     const double dt = since(t0);
@@ -562,6 +609,8 @@ RunResult TrainRunner::run() {
   r.seconds = train_seconds;
   r.samples_per_s = train_seconds > 0 ? static_cast<double>(samples) / train_seconds : 0.0;
   r.steps_skipped = s.trainer->steps_skipped();
+  r.world_size = s.world;
+  r.rank = s.rank;
   return r;
 }
 
@@ -605,6 +654,10 @@ std::string TrainRunner::memory_report() const {
                     memory::format_bytes(st.peak_reserved_bytes) + " (over the training steps); " +
                     std::to_string(st.num_allocs) + " allocations, " + std::to_string(st.num_ooms) + " OOMs";
   if (s.caching) out += "\n" + memory::memory_report(*s.caching);
+  if (s.ddp)
+    out += "\nddp (rank " + std::to_string(s.rank) + " of " + std::to_string(s.world) + "): " +
+           std::to_string(s.ddp->num_buckets()) + " gradient bucket(s) holding " +
+           memory::format_bytes(s.ddp->bucket_bytes()) + " (tag ddp.buckets/backward, one copy of the gradients)";
   return out;
 }
 
@@ -621,6 +674,7 @@ std::string RunResult::to_json() const {
   j["batch_size"] = batch_size;
   j["grad_accum"] = grad_accum;
   j["micro_batch"] = micro_batch;
+  j["world_size"] = world_size;
   j["parameters"] = parameters;
   j["final_loss"] = std::isfinite(final_loss) ? nlohmann::ordered_json(final_loss) : nlohmann::ordered_json();
   j["test_accuracy"] = opt(test_accuracy);

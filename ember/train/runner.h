@@ -54,6 +54,10 @@ struct RunnerOptions {
   std::string html_path;          // the trace as a timeline page
   int64_t trace_steps = 2;        // steps traced (from program start) before the trace files are written
   int64_t log_interval = 0;       // steps between progress records; 0: about 20 per run
+  // Data parallelism (launch with `mpirun -np N`): every rank trains on its rows of each batch (batch_size is the
+  // global batch: it must divide into N ranks x grad_accum micro-batches) through dist::DistributedDataParallel over
+  // the MPI group (cpu); only rank 0 reports (on_message, on_progress) and writes save/trace/html files.
+  bool ddp = false;
   std::function<void(const Progress&)> on_progress;   // optional
   std::function<void(const std::string&)> on_message;  // optional: what the run is doing, one or more lines
 };
@@ -70,6 +74,7 @@ struct RunResult {
   int64_t peak_allocated_bytes = 0, peak_reserved_bytes = 0;  // the device allocator, over the step loop
   double samples_per_s = 0.0, seconds = 0.0;  // training steps only
   int64_t steps_skipped = 0;                  // NaN/inf steps of loss-scaled modes
+  int64_t world_size = 1, rank = 0;           // --ddp: losses and samples_per_s are the whole job's
   std::string batch_search;                   // the batch search's table (auto), else empty
   std::string to_json() const;                // one line
 };

@@ -1,7 +1,13 @@
-// ProcessGroup collectives (MPI backend, CPU tensors) against hand-computed values from rank-dependent inputs, and
-// the typed errors raised before anything is launched. Correct at any world size.
+// ProcessGroup collectives (MPI backend, CPU tensors) against hand-computed values from rank-dependent inputs, the
+// typed errors raised before anything is launched, Work's error path and waits from several threads. Correct at any
+// world size.
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <condition_variable>
+#include <deque>
+#include <stdexcept>
+#include <thread>
 #include <vector>
 
 #include "ember/base/error.h"
@@ -116,6 +122,90 @@ TEST(DistCollectives, TypedErrorsBeforeLaunch) {
   EXPECT_EQ(dist::world_rank(), pg.rank());
   EXPECT_GE(dist::local_rank(), 0);
   EXPECT_TRUE(dist::is_initialized());
+}
+
+// Note [Work errors]: a Work whose operation fails is completed with the error; every wait() rethrows it, polling
+// stops, and the completion of a successful one runs once however many threads wait.
+class FakeWork : public dist::PolledWork {
+ public:
+  explicit FakeWork(int polls_until_done, bool fail) : left_(polls_until_done), fail_(fail) {}
+  std::atomic<int> polls{0}, completions{0};
+
+ protected:
+  bool poll() override {
+    ++polls;
+    if (--left_ > 0) return false;
+    if (fail_) throw BackendError("MPI_Test failed (simulated)");
+    ++completions;
+    return true;
+  }
+
+ private:
+  int left_;
+  bool fail_;
+};
+
+TEST(DistWork, AFailedWorkIsCompletedAndRethrowsOnEveryWait) {
+  FakeWork w(3, true);
+  EXPECT_FALSE(w.is_completed());
+  EXPECT_THROW(w.wait(), BackendError);
+  EXPECT_TRUE(w.is_completed());
+  EXPECT_THROW(w.wait(), BackendError);
+  std::thread other([&] { EXPECT_THROW(w.wait(), BackendError); });
+  other.join();
+  EXPECT_EQ(w.polls.load(), 3);  // never polled again after the failure
+  EXPECT_EQ(w.completions.load(), 0);
+}
+
+TEST(DistWork, ConcurrentWaitersRunTheCompletionOnce) {
+  FakeWork w(200, false);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) threads.emplace_back([&] { w.wait(); });
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(w.completions.load(), 1);
+  EXPECT_EQ(w.polls.load(), 200);
+}
+
+// Note [MPI threading]: one thread launches collectives while two others wait on them (each waits every Work); the
+// launches keep going while a waiter polls, and every result is right.
+TEST(DistCollectives, LaunchOnOneThreadWhileOthersWait) {
+  EMBER_DIST_GROUP(pg);
+  const int n = pg.size();
+  constexpr int kCount = 64;
+  std::vector<Tensor> ts(kCount);
+  std::vector<dist::WorkPtr> works(kCount);
+  std::mutex m;
+  std::condition_variable cv;
+  int launched = 0;
+  auto waiter = [&] {
+    for (int k = 0; k < kCount; ++k) {
+      dist::WorkPtr w;
+      {
+        std::unique_lock<std::mutex> lock(m);
+        cv.wait(lock, [&] { return launched > k; });
+        w = works[k];
+      }
+      w->wait();
+    }
+  };
+  std::thread a(waiter), b(waiter);
+  for (int k = 0; k < kCount; ++k) {
+    Tensor t = full({257}, 1.0 + k, DType::f32);
+    dist::WorkPtr w = pg.all_reduce(t, k % 2 ? dist::ReduceOp::Avg : dist::ReduceOp::Sum);
+    {
+      std::lock_guard<std::mutex> lock(m);
+      ts[k] = t;
+      works[k] = w;
+      ++launched;
+    }
+    cv.notify_all();
+  }
+  a.join();
+  b.join();
+  for (int k = 0; k < kCount; ++k) {
+    EXPECT_TRUE(works[k]->is_completed());
+    EXPECT_EQ(ts[k].to_vector<float>()[256], static_cast<float>((1.0 + k) * (k % 2 ? 1 : n))) << k;
+  }
 }
 
 }  // namespace

@@ -1,6 +1,7 @@
 // DistributedDataParallel on the standard mlp config (784-1024-1024-10, a 64-row batch split across ranks): weights
 // broadcast from rank 0, 5 AdamW steps give bitwise-equal weights on every rank and the weights of one process
-// training on the whole batch; no_sync accumulation; zeros for unused parameters; the shape-mismatch error.
+// training on the whole batch; buckets launched during backward and waited at its end; no_sync accumulation and
+// PyTorch's forward-time no_sync rule; zeros for unused parameters; a throw during backward; the shape-mismatch error.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -8,6 +9,7 @@
 #include <vector>
 
 #include "ember/base/error.h"
+#include "ember/autograd/hooks.h"
 #include "ember/dist/ddp.h"
 #include "ember/nn/layers.h"
 #include "ember/nn/functional.h"
@@ -121,15 +123,24 @@ TEST(Ddp, NoSyncAccumulatesLocallyAndTheNextSyncedBackwardReducesTheSum) {
   expect_bitwise_equal_across_ranks(pg, {params[0].grad()});
 }
 
+// Two Linear layers of which forward uses only the first.
+struct FirstOfTwo : nn::Module {
+  FirstOfTwo() {
+    first = register_module("first", std::make_shared<nn::Linear>(4, 3));
+    second = register_module("second", std::make_shared<nn::Linear>(4, 2));
+  }
+  Tensor forward(const Tensor& x) override { return first->forward(x); }
+  std::shared_ptr<nn::Linear> first, second;
+};
+
 TEST(Ddp, UnusedParameterGetsTheReducedZerosAfterFinish) {
   EMBER_DIST_GROUP(pg);
   const int n = pg.size(), r = pg.rank();
-  auto model = std::make_shared<nn::Sequential>(std::make_shared<nn::Linear>(4, 3), std::make_shared<nn::Linear>(4, 2));
+  auto model = std::make_shared<FirstOfTwo>();
   dist::DistributedDataParallel ddp(model, pg_ptr);
-  auto children = model->children();
   // Only the first layer takes part; its input differs by rank, so its gradient is the mean over ranks.
   Tensor x = full({2, 4}, 1.0 + r);
-  ember::sum(children[0]->forward(x)).backward();
+  ember::sum(ddp.forward(x)).backward();
   EXPECT_TRUE(ddp.in_iteration());  // the second layer's hooks never fired
   EXPECT_THROW(ddp.forward(x), ValueError);
   ddp.finish();
@@ -137,6 +148,137 @@ TEST(Ddp, UnusedParameterGetsTheReducedZerosAfterFinish) {
   // d sum(W x + b) / dW = sum over rows of x: 2 (1 + r) per element; averaged over ranks: 2 (1 + (n-1)/2) = n + 1.
   EXPECT_TRUE(testing::allclose(model->parameters()[0].grad(), full({3, 4}, static_cast<double>(n + 1)), {0, 1e-6}));
   EXPECT_TRUE(testing::allclose(model->parameters()[2].grad(), zeros({2, 4}), {0, 0}));
+}
+
+// Overlap: every bucket is launched from a hook while backward is still producing gradients (the first bucket before
+// the first layer's gradients exist) and none is waited before the last one was launched. The bucket layout (reverse
+// parameter order) is the same on every rank.
+TEST(Ddp, BucketsLaunchDuringBackwardAndAreWaitedAtItsEnd) {
+  EMBER_DIST_GROUP(pg);
+  train::StandardTask task = train::make_standard_task("mlp", Device::cpu(), 1, kBatch);
+  auto rec = std::make_shared<testing::RecordingGroup>(pg_ptr);
+  dist::DistributedDataParallel ddp(task.model, rec, {.bucket_cap_bytes = 1 << 20});
+  const auto params = task.model->parameters();
+  const auto layout = ddp.bucket_assignment();
+  const int64_t nb = static_cast<int64_t>(layout.size());
+  ASSERT_GE(nb, 3);
+  std::vector<int64_t> flat;
+  for (const auto& b : layout) {
+    flat.push_back(-1);
+    for (int64_t i : b) flat.push_back(i);
+  }
+  ASSERT_EQ(flat[1], static_cast<int64_t>(params.size()) - 1);
+  Tensor mine = from_vector(flat, {static_cast<int64_t>(flat.size())}), root = mine.clone();
+  pg.broadcast(root, 0)->wait();
+  EXPECT_EQ(mine.to_vector<int64_t>(), root.to_vector<int64_t>()) << "bucket layout differs from rank 0's";
+
+  std::vector<int64_t> grads_at_launch;
+  rec->on_launch = [&] {
+    int64_t have = 0;
+    for (const Tensor& p : params) have += p.grad().defined();
+    grads_at_launch.push_back(have);
+  };
+  rec->clear();
+  const Tensor x = rows_of(task.inputs, pg.rank(), pg.size()), y = rows_of(task.targets, pg.rank(), pg.size());
+  nn::functional::cross_entropy(ddp.forward(x), y).backward();
+  ddp.finish();
+  const auto ev = rec->events();
+  ASSERT_EQ(static_cast<int64_t>(ev.size()), 2 * nb);
+  for (int64_t k = 0; k < nb; ++k) {
+    EXPECT_EQ(ev[k].rfind("launch all_reduce", 0), 0u) << ev[k];
+    EXPECT_EQ(ev[nb + k], "wait " + std::to_string(k));
+  }
+  ASSERT_EQ(static_cast<int64_t>(grads_at_launch.size()), nb);
+  // The first bucket (the last layer's bias) went out while most gradients did not exist yet.
+  EXPECT_LT(grads_at_launch.front(), static_cast<int64_t>(params.size()));
+}
+
+// PyTorch's rule: the forward decides. A forward inside no_sync() whose backward runs outside it does not reduce; a
+// forward outside whose backward runs inside the guard does.
+TEST(Ddp, NoSyncIsDecidedAtForwardTimeAsInPyTorch) {
+  EMBER_DIST_GROUP(pg);
+  auto model = std::make_shared<FirstOfTwo>();
+  auto rec = std::make_shared<testing::RecordingGroup>(pg_ptr);
+  dist::DistributedDataParallel ddp(model, rec);
+  const Tensor x = full({2, 4}, 1.0 + pg.rank());
+  auto count = [&](const std::string& prefix) {
+    int64_t c = 0;
+    for (const auto& e : rec->events()) c += e.rfind(prefix, 0) == 0;
+    return c;
+  };
+  rec->clear();
+  Tensor out;
+  {
+    auto guard = ddp.no_sync();
+    out = ddp.forward(x);
+  }
+  ember::sum(out).backward();
+  ddp.finish();
+  EXPECT_EQ(count("launch"), 0) << "a forward inside no_sync() must not reduce";
+  EXPECT_FALSE(ddp.in_iteration());
+
+  out = ddp.forward(x);
+  {
+    auto guard = ddp.no_sync();
+    ember::sum(out).backward();
+  }
+  ddp.finish();
+  EXPECT_EQ(count("launch"), ddp.num_buckets());
+  EXPECT_EQ(count("wait"), ddp.num_buckets());
+  // The reduced gradient is the accumulated sum of both backwards, averaged over ranks: 2 * (n + 1) (see above).
+  EXPECT_TRUE(testing::allclose(model->first->weight.grad(), full({3, 4}, 2.0 * (pg.size() + 1)), {0, 1e-6}));
+  // A second finish() and one without a forward are no-ops.
+  ddp.finish();
+  EXPECT_EQ(count("launch"), ddp.num_buckets());
+}
+
+// Note [DDP exceptions]: a hook that throws in the middle of a synced backward leaves buckets launched; finish()
+// (and the destructor) complete the iteration, so every launched request is waited and every bucket is launched once
+// (the collectives still match the other ranks'), and the next iteration runs normally.
+TEST(Ddp, AThrowDuringBackwardLeavesNoRequestPending) {
+  EMBER_DIST_GROUP(pg);
+  train::StandardTask task = train::make_standard_task("mlp", Device::cpu(), 2, kBatch);
+  auto rec = std::make_shared<testing::RecordingGroup>(pg_ptr);
+  const auto params = task.model->parameters();
+  const Tensor x = rows_of(task.inputs, pg.rank(), pg.size()), y = rows_of(task.targets, pg.rank(), pg.size());
+  for (bool by_destructor : {false, true}) {
+    int64_t nb = 0;
+    {
+      dist::DistributedDataParallel ddp(task.model, rec, {.bucket_cap_bytes = 1 << 20});
+      nb = ddp.num_buckets();
+      bool armed = true;
+      // The second layer's weight: its gradient hook throws before accumulation, after the third layer's buckets.
+      auto hook = autograd::register_hook(params[2], [&](const Tensor&) -> Tensor {
+        if (armed) throw std::runtime_error("hook failed");
+        return Tensor();
+      });
+      rec->clear();
+      task.model->zero_grad();
+      EXPECT_THROW(nn::functional::cross_entropy(ddp.forward(x), y).backward(), std::runtime_error);
+      EXPECT_TRUE(ddp.in_iteration());
+      int64_t launched = 0;
+      for (const auto& e : rec->events()) launched += e.rfind("launch", 0) == 0;
+      EXPECT_GT(launched, 0);  // the later layers' buckets went out before the throw
+      if (!by_destructor) {
+        ddp.finish();
+        EXPECT_FALSE(ddp.in_iteration());
+        armed = false;
+        task.model->zero_grad();
+        nn::functional::cross_entropy(ddp.forward(x), y).backward();
+        ddp.finish();
+        EXPECT_FALSE(ddp.in_iteration());
+      }
+      hook.remove();
+    }  // by_destructor: the destructor completes the open iteration
+    int64_t launches = 0, waits = 0;
+    for (const auto& e : rec->events()) {
+      launches += e.rfind("launch", 0) == 0;
+      waits += e.rfind("wait", 0) == 0;
+      EXPECT_EQ(e.rfind("drop", 0), std::string::npos) << e;
+    }
+    EXPECT_EQ(launches, (by_destructor ? 1 : 2) * nb) << "by destructor: " << by_destructor;
+    EXPECT_EQ(waits, launches);
+  }
 }
 
 TEST(Ddp, DifferentParameterShapeOnOneRankIsAValueErrorOnEveryRank) {

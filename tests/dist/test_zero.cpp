@@ -132,8 +132,15 @@ TEST(Zero, MixedPrecisionMatchesTheUnshardedMixedPrecisionOptimizer) {
   const double p = static_cast<double>(zero.numel());
   const double unsharded_state = static_cast<double>(use.master_weights + use.optimizer_state) / p;
   const double sharded_state = static_cast<double>(zero.state_bytes()) / p;
-  std::printf("[rank %d/%d] mixed-precision Adam: fp32 master + m + v per parameter: unsharded %.3f B, ZeRO-1 %.3f B "
-              "(+ 4 B f16 weight and gradient)\n", r, n, unsharded_state, sharded_state);
+  // Per rank, bytes per parameter (the f16 weight and gradient are whole on every rank: 2 + 2).
+  const double weights_grads = 2.0 * 2.0;
+  std::printf("[rank %d/%d] mixed-precision Adam, bytes per parameter on this rank:\n"
+              "  %-22s %10s %10s\n  %-22s %10.3f %10.3f\n  %-22s %10.3f %10.3f\n  %-22s %10.3f %10.3f  (4 + 12/%d = "
+              "%.3f)\n", r, n, "", "unsharded", "ZeRO-1", "f16 weight + gradient", weights_grads, weights_grads,
+              "fp32 master + m + v", unsharded_state, sharded_state, "total", weights_grads + unsharded_state,
+              weights_grads + sharded_state, n, 4.0 + 12.0 / n);
+  EXPECT_NEAR(weights_grads + sharded_state, 4.0 + 12.0 / n, 0.01);
+  EXPECT_NEAR(static_cast<double>(use.weights) / p, 2.0, 0.01);  // f16 weights (the gradients were freed)
   EXPECT_NEAR(unsharded_state, 12.0, 0.01);
   EXPECT_NEAR(sharded_state, 12.0 / n, 0.01);
 }
