@@ -9,6 +9,8 @@
 #include <unordered_map>
 #include <vector>
 
+#include "ember/base/error.h"
+
 namespace ember::memory {
 
 struct InternedModule {
@@ -62,6 +64,10 @@ TagId intern_tag(const std::string& name) {
   std::lock_guard<std::mutex> lock(t.mutex);
   auto it = t.ids.find(name);
   if (it != t.ids.end()) return it->second;
+  // Names are never forgotten (ids live in the allocators' blocks), so the table is bounded: a program has a few
+  // hundred module paths x phases; only hostile input (trace files full of distinct tags) gets near the bound.
+  EMBER_CHECK(t.names.size() < kMaxTags, ValueError, "memory tags: more than ", kMaxTags,
+              " distinct owner tags in this process; refusing '", name.substr(0, 64), "'");
   const TagId id = static_cast<TagId>(t.names.size());
   t.names.push_back(name);
   t.ids.emplace(name, id);

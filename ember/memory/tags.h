@@ -14,7 +14,9 @@ namespace ember::memory {
 using TagId = uint32_t;
 inline constexpr TagId kUntagged = 0;
 
-TagId intern_tag(const std::string& name);  // thread-safe
+// Thread-safe. ValueError once the process holds kMaxTags distinct names (names are never forgotten).
+TagId intern_tag(const std::string& name);
+inline constexpr size_t kMaxTags = size_t{1} << 20;
 std::string tag_name(TagId id);             // "" for kUntagged
 // This thread's current tag: a raw TagScope's tag while one is open, else the tag of (module, phase). A thread-local
 // read unless a scope changed since the last call.

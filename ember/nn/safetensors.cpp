@@ -18,6 +18,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "ember/base/atomic_file.h"
 #include "ember/base/error.h"
 #include "ember/core/tensor.h"
 
@@ -335,13 +336,6 @@ void write_file(const Plan& plan, const std::function<void(const void*, uint64_t
   }
 }
 
-std::string parent_dir(const std::string& path) {
-  const size_t slash = path.find_last_of('/');
-  if (slash == std::string::npos) return ".";
-  if (slash == 0) return "/";
-  return path.substr(0, slash);
-}
-
 }  // namespace
 
 const char* safetensors_dtype_name(DType dtype) {
@@ -381,38 +375,9 @@ std::string serialize_safetensors(const NamedTensors& tensors, const Safetensors
 
 void save_safetensors(const std::string& path, const NamedTensors& tensors, const SafetensorsMetadata& metadata) {
   const Plan plan = plan_file(tensors, metadata);  // argument errors before any file is touched
-  const std::string dir = parent_dir(path);
-  const std::string base = path.substr(path.find_last_of('/') == std::string::npos ? 0 : path.find_last_of('/') + 1);
-  EMBER_CHECK(!base.empty(), ValueError, "save_safetensors: '", path, "' names a directory, not a file");
-  std::string tmp = dir + "/." + base + ".tmp.XXXXXX";
-  const int raw_fd = ::mkstemp(tmp.data());
-  EMBER_CHECK(raw_fd >= 0, Error, "save_safetensors: cannot create a temporary file in '", dir, "': ", errno_text());
-  Fd f(raw_fd);
-  try {
-    EMBER_CHECK(::fchmod(f.fd, 0644) == 0, Error, "save_safetensors: chmod '", tmp, "': ", errno_text());
-    write_file(plan, [&](const void* data, uint64_t n) {
-      const char* p = static_cast<const char*>(data);
-      while (n > 0) {
-        const ssize_t put = ::write(f.fd, p, std::min<uint64_t>(n, 1u << 30));
-        if (put < 0 && errno == EINTR) continue;
-        EMBER_CHECK(put > 0, Error, "save_safetensors: cannot write '", tmp, "': ", errno_text());
-        p += put;
-        n -= static_cast<uint64_t>(put);
-      }
-    });
-    EMBER_CHECK(::fsync(f.fd) == 0, Error, "save_safetensors: fsync '", tmp, "': ", errno_text());
-    const int fd = f.fd;
-    f.fd = -1;
-    EMBER_CHECK(::close(fd) == 0, Error, "save_safetensors: close '", tmp, "': ", errno_text());
-    EMBER_CHECK(::rename(tmp.c_str(), path.c_str()) == 0, Error, "save_safetensors: cannot rename '", tmp, "' to '",
-                path, "': ", errno_text());
-  } catch (...) {
-    ::unlink(tmp.c_str());
-    throw;
-  }
-  // Make the rename itself durable; a failure here leaves a complete file, so it is not reported.
-  Fd d(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
-  if (d.fd >= 0) (void)::fsync(d.fd);
+  write_file_atomically(path, [&](const AtomicFileWrite& write) {  // Note [Atomic replace]
+    write_file(plan, [&](const void* data, uint64_t n) { write(data, static_cast<int64_t>(n)); });
+  });
 }
 
 NamedTensors deserialize_safetensors(std::string_view bytes, Device device) {
