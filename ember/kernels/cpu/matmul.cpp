@@ -180,11 +180,13 @@ void bmm_typed(const Tensor& a, const Tensor& b, const Tensor& out) {
   T* po = static_cast<T*>(out.raw_data());
   const int64_t sa0 = a.stride(0), sa1 = a.stride(1), sa2 = a.stride(2);
   const int64_t sb0 = b.stride(0), sb1 = b.stride(1), sb2 = b.stride(2);
+  // An empty operand (K == 0) may have no storage (null base): its batch offsets are never applied (nothing is read).
+  const int64_t step_a = pa == nullptr ? 0 : sa0, step_b = pb == nullptr ? 0 : sb0;
   if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
     PackBuffer<T> pack_a, pack_b;
     GemmPanels<T> panels;
     for (int64_t i = 0; i < B; ++i) {
-      gemm<T>({pa + i * sa0, M, K, sa1, sa2}, {pb + i * sb0, K, N, sb1, sb2}, po + i * M * N, pack_a, pack_b,
+      gemm<T>({pa + i * step_a, M, K, sa1, sa2}, {pb + i * step_b, K, N, sb1, sb2}, po + i * M * N, pack_a, pack_b,
               panels);
     }
   } else {
@@ -198,8 +200,8 @@ void bmm_typed(const Tensor& a, const Tensor& b, const Tensor& out) {
     const bool b_shared = sb0 == 0;        // a broadcast right operand is widened once
     if (b_shared) widen(pb, K, N, sb1, sb2, wb);
     for (int64_t i = 0; i < B; ++i) {
-      widen(pa + i * sa0, M, K, sa1, sa2, wa);
-      if (!b_shared) widen(pb + i * sb0, K, N, sb1, sb2, wb);
+      widen(pa + i * step_a, M, K, sa1, sa2, wa);
+      if (!b_shared) widen(pb + i * step_b, K, N, sb1, sb2, wb);
       gemm<float>({wa, M, K, K, 1}, {wb, K, N, N, 1}, c, unused_a, unused_b, panels);
       T* dst = po + i * M * N;
       for (int64_t e = 0; e < M * N; ++e) dst[e] = T(c[e]);

@@ -97,7 +97,8 @@ void reduce_typed(ReduceOp op, const Tensor& in, const Tensor& out, const std::v
   int64_t base = 0;
 
   for (int64_t o = 0; o < n_out; ++o) {
-    const T* p = src + base;
+    // An empty input (a reduced dim of size 0) may have no storage: nothing is read, so the offset is not applied.
+    const T* p = src == nullptr ? src : src + base;
     switch (op) {
       case ReduceOp::Sum:
       case ReduceOp::Mean: {
