@@ -9,6 +9,7 @@
 // --amp autocast-fp16|autocast-bf16 keeps fp32 weights under autocast (train/amp.h).
 //   mnist_cnn [--data DIR] [--epochs 2] [--batch-size 64] [--optimizer adadelta|adamw] [--lr X] [--workers 1]
 //             [--amp none|fp16|bf16|autocast-fp16|autocast-bf16] [--device cpu|cuda] [--max-batches N] [--max-test N]
+//             [--save model.safetensors]   (the trained weights, f32, for examples/mnist_compress --init)
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
@@ -24,6 +25,7 @@
 #include "ember/ember.h"
 #include "ember/nn/functional.h"
 #include "ember/nn/models.h"
+#include "ember/nn/safetensors.h"
 #include "ember/optim/adadelta.h"
 #include "ember/optim/adam.h"
 #include "ember/optim/lr_scheduler.h"
@@ -65,7 +67,7 @@ int main(int argc, char** argv) {
   std::string data_dir = "../shared/data/mnist", device_name = "cpu";
   int64_t epochs = 2, batch_size = 64, max_batches = -1, max_test = -1;
   double lr = -1.0;  // per optimizer: AdamW 3e-3, Adadelta 1.0
-  std::string optimizer = "adamw", amp = "none";
+  std::string optimizer = "adamw", amp = "none", save_path;
   uint64_t seed = 1;
   int64_t workers = 1;
   const CLI::Range positive(int64_t{1}, std::numeric_limits<int64_t>::max());
@@ -86,6 +88,7 @@ int main(int argc, char** argv) {
   app.add_option("--seed", seed);
   app.add_option("--workers", workers, "data-loader threads (0: load in the training thread)")
       ->check(CLI::Range(int64_t{0}, int64_t{64}));
+  app.add_option("--save", save_path, "write the trained weights (f32 safetensors) to this file");
   bool generated = false;
   app.add_flag("--generated", generated, "train on generated digits even when the real data is there");
   CLI11_PARSE(app, argc, argv);
@@ -187,6 +190,12 @@ int main(int argc, char** argv) {
     std::printf("precision %s: %s; %lld steps skipped, loss scale %g\n", train::amp_mode_name(trainer.mode()),
                 trainer.memory().to_string().c_str(), static_cast<long long>(trainer.steps_skipped()),
                 trainer.loss_scale());
+    if (!save_path.empty()) {
+      nn::NamedTensors state;
+      for (const auto& [name, t] : model->state_dict()) state.emplace_back(name, t.to(Device::cpu(), DType::f32));
+      nn::save_safetensors(save_path, state, {{"format", "pt"}});
+      std::printf("saved the weights to %s\n", save_path.c_str());
+    }
   } catch (const std::exception& e) {  // ember::Error and its typed subclasses, or a standard-library failure
     std::fprintf(stderr, "mnist_cnn: %s\n", e.what());
     return 1;

@@ -16,6 +16,8 @@ int64_t itemsize(DType d) {
     case DType::i64: return 8;
     case DType::u8: return 1;
     case DType::b8: return 1;
+    case DType::i8: return 1;
+    case DType::i16: return 2;
   }
   EMBER_THROW(DTypeError, "itemsize: invalid dtype value ", static_cast<int>(d));
 }
@@ -30,6 +32,8 @@ const char* dtype_name(DType d) {
     case DType::i64: return "i64";
     case DType::u8: return "u8";
     case DType::b8: return "bool";
+    case DType::i8: return "i8";
+    case DType::i16: return "i16";
   }
   return "invalid";
 }
@@ -41,10 +45,11 @@ DType parse_dtype(const std::string& s) {
       {"float16", DType::f16}, {"half", DType::f16},  {"bf16", DType::bf16},   {"bfloat16", DType::bf16},
       {"f64", DType::f64},  {"float64", DType::f64},  {"double", DType::f64},  {"i32", DType::i32},
       {"int32", DType::i32}, {"i64", DType::i64},     {"int64", DType::i64},   {"long", DType::i64},
-      {"u8", DType::u8},    {"uint8", DType::u8},     {"bool", DType::b8},     {"b8", DType::b8}};
+      {"u8", DType::u8},    {"uint8", DType::u8},     {"bool", DType::b8},     {"b8", DType::b8},
+      {"i8", DType::i8},    {"int8", DType::i8},      {"i16", DType::i16},     {"int16", DType::i16}};
   for (const auto& n : names)
     if (s == n.name) return n.d;
-  EMBER_THROW(ConfigError, "unknown dtype '", s, "' (expected one of f32, f16, bf16, f64, i32, i64, u8, bool)");
+  EMBER_THROW(ConfigError, "unknown dtype '", s, "' (expected one of f32, f16, bf16, f64, i32, i64, u8, bool, i8, i16)");
 }
 
 bool is_floating(DType d) { return d == DType::f32 || d == DType::f16 || d == DType::bf16 || d == DType::f64; }
@@ -56,16 +61,19 @@ DType promote_types(DType a, DType b) {
     switch (d) {
       case DType::b8: return 0;
       case DType::u8: return 1;
-      case DType::i32: return 2;
-      case DType::i64: return 3;
-      case DType::f16: return 4;
-      case DType::bf16: return 4;
-      case DType::f32: return 5;
-      case DType::f64: return 6;
+      case DType::i8: return 1;
+      case DType::i16: return 2;
+      case DType::i32: return 3;
+      case DType::i64: return 4;
+      case DType::f16: return 5;
+      case DType::bf16: return 5;
+      case DType::f32: return 6;
+      case DType::f64: return 7;
     }
     return -1;
   };
   if ((a == DType::f16 && b == DType::bf16) || (a == DType::bf16 && b == DType::f16)) return DType::f32;
+  if ((a == DType::u8 && b == DType::i8) || (a == DType::i8 && b == DType::u8)) return DType::i16;
   return rank(a) >= rank(b) ? a : b;
 }
 

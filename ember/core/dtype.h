@@ -11,16 +11,17 @@
 
 namespace ember {
 
-enum class DType : int8_t { f32, f16, bf16, f64, i32, i64, u8, b8 };
-inline constexpr int kNumDTypes = 8;
+// i8 and i16 came last (quantized weights, narrow sparse indices): the values of the older ones never change.
+enum class DType : int8_t { f32, f16, bf16, f64, i32, i64, u8, b8, i8, i16 };
+inline constexpr int kNumDTypes = 10;
 
 int64_t itemsize(DType d);
-const char* dtype_name(DType d);  // "f32", "f16", "bf16", "f64", "i32", "i64", "u8", "bool"
+const char* dtype_name(DType d);  // "f32", "f16", "bf16", "f64", "i32", "i64", "u8", "bool", "i8", "i16"
 DType parse_dtype(const std::string& s);  // accepts the names above and float32/float16/bfloat16/... ; ConfigError
 bool is_floating(DType d);
 bool is_integral(DType d);  // integers and bool
-// The dtype a binary op between a and b computes in (PyTorch's lattice: bool < u8 < i32 < i64 < f16/bf16 < f32 < f64;
-// f16 with bf16 gives f32).
+// The dtype a binary op between a and b computes in (PyTorch's lattice: bool < u8, i8 < i16 < i32 < i64 < f16/bf16 <
+// f32 < f64; u8 with i8 gives i16, f16 with bf16 gives f32).
 DType promote_types(DType a, DType b);
 inline std::ostream& operator<<(std::ostream& os, DType d) { return os << dtype_name(d); }
 
@@ -33,6 +34,8 @@ template <> struct dtype_of<double> { static constexpr DType value = DType::f64;
 template <> struct dtype_of<int32_t> { static constexpr DType value = DType::i32; };
 template <> struct dtype_of<int64_t> { static constexpr DType value = DType::i64; };
 template <> struct dtype_of<uint8_t> { static constexpr DType value = DType::u8; };
+template <> struct dtype_of<int8_t> { static constexpr DType value = DType::i8; };
+template <> struct dtype_of<int16_t> { static constexpr DType value = DType::i16; };
 template <> struct dtype_of<bool> { static constexpr DType value = DType::b8; };
 template <class T> inline constexpr DType dtype_of_v = dtype_of<T>::value;
 
@@ -86,6 +89,8 @@ template <class T> using op_math_t = typename op_math<T>::type;
       EMBER_DTYPE_CASE(i64, int64_t, __VA_ARGS__)                \
       EMBER_DTYPE_CASE(u8, uint8_t, __VA_ARGS__)                 \
       EMBER_DTYPE_CASE(b8, bool, __VA_ARGS__)                    \
+      EMBER_DTYPE_CASE(i8, int8_t, __VA_ARGS__)                  \
+      EMBER_DTYPE_CASE(i16, int16_t, __VA_ARGS__)                \
       default: ::ember::throw_unsupported_dtype(NAME, DT);       \
     }                                                            \
   }()

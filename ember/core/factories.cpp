@@ -162,6 +162,8 @@ template Tensor from_vector<BFloat16>(const std::vector<BFloat16>&, const Shape&
 template Tensor from_vector<int32_t>(const std::vector<int32_t>&, const Shape&, TensorOptions);
 template Tensor from_vector<int64_t>(const std::vector<int64_t>&, const Shape&, TensorOptions);
 template Tensor from_vector<uint8_t>(const std::vector<uint8_t>&, const Shape&, TensorOptions);
+template Tensor from_vector<int8_t>(const std::vector<int8_t>&, const Shape&, TensorOptions);
+template Tensor from_vector<int16_t>(const std::vector<int16_t>&, const Shape&, TensorOptions);
 template Tensor from_vector<bool>(const std::vector<bool>&, const Shape&, TensorOptions);
 
 Tensor tensor(std::initializer_list<float> values, TensorOptions opts) {

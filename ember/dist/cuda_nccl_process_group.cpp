@@ -34,6 +34,7 @@ ncclDataType_t nccl_type(DType d) {
     case DType::i32: return ncclInt32;
     case DType::i64: return ncclInt64;
     case DType::u8: return ncclUint8;
+    case DType::i8: return ncclInt8;
     default: return ncclUint8;
   }
 }
@@ -166,7 +167,7 @@ class NcclProcessGroup : public ProcessGroup {
  private:
   static ncclRedOp_t nccl_op(ReduceOp op) { return op == ReduceOp::Sum ? ncclSum : ncclAvg; }
   static void check_reducible(const char* op, DType d, ReduceOp rop) {
-    EMBER_CHECK(d != DType::b8 && d != DType::u8, DTypeError, "dist::", op, ": NCCL does not reduce ",
+    EMBER_CHECK(d != DType::b8 && d != DType::u8 && d != DType::i16, DTypeError, "dist::", op, ": NCCL does not reduce ",
                 dtype_name(d));
     EMBER_CHECK(is_floating(d) || rop == ReduceOp::Sum, DTypeError, "dist::", op, ": ", reduce_op_name(rop),
                 " needs a floating dtype, not ", dtype_name(d));

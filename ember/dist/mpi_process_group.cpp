@@ -56,6 +56,8 @@ MPI_Datatype mpi_type(DType d) {
     case DType::i32: return MPI_INT32_T;
     case DType::i64: return MPI_INT64_T;
     case DType::u8: return MPI_UINT8_T;
+    case DType::i8: return MPI_INT8_T;
+    case DType::i16: return MPI_INT16_T;
     default: return MPI_DATATYPE_NULL;
   }
 }

@@ -14,6 +14,7 @@
 #include "ember/autograd/functions.h"
 #include "ember/base/error.h"
 #include "ember/nn/module.h"
+#include "ember/nn/packed_weight.h"
 
 namespace ember::nn {
 
@@ -37,7 +38,9 @@ class Linear : public Module {
   void reset_parameters();
 
   int64_t in_features, out_features;
-  Tensor weight, bias;  // bias undefined when bias = false
+  Tensor weight, bias;  // bias undefined when bias = false; weight undefined while packed
+  // Set by to_sparse / quantize_int8 (packed_weight.h): forward then runs on the packed form, for inference only.
+  std::shared_ptr<PackedWeight> packed_weight;
 
  protected:
   std::string extra_repr() const override;
@@ -71,6 +74,9 @@ class Conv2dOptions {
   Conv2dOptions& bias(bool v) { bias_ = v; return *this; }
   int64_t in_channels() const { return in_channels_; }
   int64_t out_channels() const { return out_channels_; }
+  // Set by structured pruning when it shrinks the layer (with its weight and bias).
+  Conv2dOptions& in_channels(int64_t v) { in_channels_ = v; return *this; }
+  Conv2dOptions& out_channels(int64_t v) { out_channels_ = v; return *this; }
   Size2 kernel_size() const { return kernel_size_; }
   Size2 stride() const { return stride_; }
   Size2 padding() const { return padding_; }
@@ -96,7 +102,8 @@ class Conv2d : public Module {
   void reset_parameters();
 
   Conv2dOptions options;
-  Tensor weight, bias;
+  Tensor weight, bias;  // weight undefined while packed
+  std::shared_ptr<PackedWeight> packed_weight;  // as Linear's
 
  protected:
   std::string extra_repr() const override;

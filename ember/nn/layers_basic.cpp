@@ -43,6 +43,10 @@ Tensor Linear::forward(const Tensor& x) {
   EMBER_CHECK(x.dim() >= 1 && x.size(-1) == in_features, ShapeError, "Linear(in_features=", in_features,
               ", out_features=", out_features, "): expects input of shape [..., ", in_features, "], got ",
               x.description());
+  if (packed_weight) {
+    check_packed_inference("Linear", *packed_weight, x, bias);
+    return packed_weight->linear(x, bias);
+  }
   return linear(x, weight, bias);
 }
 

@@ -88,6 +88,10 @@ Tensor Conv2d::forward(const Tensor& x) {
   const int64_t c = x.size(-3);
   EMBER_CHECK(c == options.in_channels(), ShapeError, "Conv2d(", extra_repr(), "): expects ", options.in_channels(),
               " input channels, got input ", x.description());
+  if (packed_weight) {
+    check_packed_inference("Conv2d", *packed_weight, x, bias);
+    return packed_weight->conv2d(x, bias, options);
+  }
   Conv2dParams p;
   p.stride[0] = options.stride().h;
   p.stride[1] = options.stride().w;

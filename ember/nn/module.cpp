@@ -77,6 +77,34 @@ Tensor Module::register_buffer(const std::string& name, Tensor t, bool persisten
   check_new_name(name);
   buffers_.emplace_back(name, t);
   if (!persistent) non_persistent_.push_back(name);
+  // A buffer registered after construction (a packed weight, a pruning mask) is tagged at the next forward.
+  g_tree_generation.fetch_add(1, std::memory_order_acq_rel);
+  return t;
+}
+
+namespace {
+
+Tensor take_named(NamedTensors& list, const std::string& name, const std::string& type_name, const char* what) {
+  const auto it = std::find_if(list.begin(), list.end(), [&](const auto& e) { return e.first == name; });
+  if (it == list.end()) {
+    std::string known;
+    for (const auto& [n, t] : list) known += (known.empty() ? "" : ", ") + n;
+    EMBER_THROW(ValueError, type_name, ": no ", what, " named '", name, "' (it has: ", known.empty() ? "none" : known,
+                ")");
+  }
+  Tensor t = it->second;
+  list.erase(it);
+  g_tree_generation.fetch_add(1, std::memory_order_acq_rel);  // the module's state changed: retag at the next forward
+  return t;
+}
+
+}  // namespace
+
+Tensor Module::remove_parameter(const std::string& name) { return take_named(params_, name, type_name_, "parameter"); }
+
+Tensor Module::remove_buffer(const std::string& name) {
+  Tensor t = take_named(buffers_, name, type_name_, "buffer");
+  non_persistent_.erase(std::remove(non_persistent_.begin(), non_persistent_.end(), name), non_persistent_.end());
   return t;
 }
 

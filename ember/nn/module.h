@@ -37,6 +37,10 @@ class Module : public std::enable_shared_from_this<Module> {
   Tensor register_parameter(const std::string& name, Tensor t, bool requires_grad = true);
   // A non-persistent buffer (persistent = false) is moved by to() but left out of state_dict (PyTorch's flag).
   Tensor register_buffer(const std::string& name, Tensor t, bool persistent = true);
+  // Unregister a parameter / buffer of this module (not of a child) and return it (ValueError naming the module and
+  // the known names when absent). The layer's own member handle is left to the caller (pruning and packing set it).
+  Tensor remove_parameter(const std::string& name);
+  Tensor remove_buffer(const std::string& name);
   template <class M>
   std::shared_ptr<M> register_module(const std::string& name, std::shared_ptr<M> module) {
     register_module_impl(name, module);

@@ -348,6 +348,8 @@ const char* safetensors_dtype_name(DType dtype) {
     case DType::i32: return "I32";
     case DType::u8: return "U8";
     case DType::b8: return "BOOL";
+    case DType::i8: return "I8";
+    case DType::i16: return "I16";
   }
   EMBER_THROW(DTypeError, "safetensors: no safetensors dtype for ", dtype_name(dtype));
 }
@@ -355,14 +357,15 @@ const char* safetensors_dtype_name(DType dtype) {
 DType parse_safetensors_dtype(const std::string& name) {
   static const std::pair<const char*, DType> kKnown[] = {
       {"F64", DType::f64}, {"F32", DType::f32}, {"F16", DType::f16}, {"BF16", DType::bf16},
-      {"I64", DType::i64}, {"I32", DType::i32}, {"U8", DType::u8},   {"BOOL", DType::b8}};
+      {"I64", DType::i64}, {"I32", DType::i32}, {"U8", DType::u8},   {"BOOL", DType::b8},
+      {"I8", DType::i8},   {"I16", DType::i16}};
   for (const auto& [n, d] : kKnown)
     if (name == n) return d;
-  static const char* kOther[] = {"I8", "I16", "U16", "U32", "U64", "F8_E4M3", "F8_E5M2", "F8_E8M0", "F6_E2M3",
+  static const char* kOther[] = {"U16", "U32", "U64", "F8_E4M3", "F8_E5M2", "F8_E8M0", "F6_E2M3",
                                  "F6_E3M2", "F4", "C64"};
   for (const char* n : kOther)
     EMBER_CHECK(name != n, FormatError, "safetensors dtype ", name,
-                " is not supported by ember (it has F64 F32 F16 BF16 I64 I32 U8 BOOL)");
+                " is not supported by ember (it has F64 F32 F16 BF16 I64 I32 I16 I8 U8 BOOL)");
   EMBER_THROW(FormatError, "unknown safetensors dtype \"", name, "\"");
 }
 

@@ -19,6 +19,15 @@ TEST(DType, SizesAndNames) {
   EXPECT_EQ(parse_dtype("float16"), DType::f16);
   EXPECT_EQ(parse_dtype("bool"), DType::b8);
   EXPECT_THROW(parse_dtype("f8"), ConfigError);
+  EXPECT_EQ(itemsize(DType::i8), 1);
+  EXPECT_EQ(itemsize(DType::i16), 2);
+  EXPECT_STREQ(dtype_name(DType::i8), "i8");
+  EXPECT_STREQ(dtype_name(DType::i16), "i16");
+  EXPECT_EQ(parse_dtype("int8"), DType::i8);
+  EXPECT_EQ(parse_dtype("i16"), DType::i16);
+  EXPECT_TRUE(is_integral(DType::i8));
+  EXPECT_EQ(dtype_of_v<int8_t>, DType::i8);
+  EXPECT_EQ(dtype_of_v<int16_t>, DType::i16);
 }
 
 TEST(DType, Promotion) {
@@ -28,6 +37,14 @@ TEST(DType, Promotion) {
   EXPECT_EQ(promote_types(DType::b8, DType::i32), DType::i32);
   EXPECT_EQ(promote_types(DType::u8, DType::i32), DType::i32);
   EXPECT_EQ(promote_types(DType::f64, DType::f32), DType::f64);
+  // PyTorch: uint8 with int8 gives int16; int8 < int16 < int32; any float wins.
+  EXPECT_EQ(promote_types(DType::u8, DType::i8), DType::i16);
+  EXPECT_EQ(promote_types(DType::i8, DType::u8), DType::i16);
+  EXPECT_EQ(promote_types(DType::b8, DType::i8), DType::i8);
+  EXPECT_EQ(promote_types(DType::i8, DType::i16), DType::i16);
+  EXPECT_EQ(promote_types(DType::i16, DType::i32), DType::i32);
+  EXPECT_EQ(promote_types(DType::i16, DType::u8), DType::i16);
+  EXPECT_EQ(promote_types(DType::i8, DType::f16), DType::f16);
 }
 
 TEST(Half, KnownBitPatterns) {

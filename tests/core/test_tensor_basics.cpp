@@ -215,6 +215,13 @@ TEST(Convert, FloatToBoolAndInt) {
   EXPECT_EQ(g.to(DType::i64).to_vector<int64_t>(), (std::vector<int64_t>{2, -2, 0, 0, 100}));
   EXPECT_EQ(from_vector(std::vector<double>{3.9, 255.0}, {2}).to(DType::u8).to_vector<uint8_t>(),
             (std::vector<uint8_t>{3, 255}));
+  // int8 / int16 (quantized weights, narrow indices): truncation toward zero, values in range.
+  Tensor h = from_vector(std::vector<float>{127.0f, -127.9f, 3.5f, -0.5f}, {4});
+  EXPECT_EQ(h.to(DType::i8).to_vector<int32_t>(), (std::vector<int32_t>{127, -127, 3, 0}));
+  EXPECT_EQ(h.to(DType::i16).to_vector<int32_t>(), (std::vector<int32_t>{127, -127, 3, 0}));
+  EXPECT_EQ(from_vector<int8_t>({-128, 5}, {2}).to(DType::f32).to_vector<float>(), (std::vector<float>{-128.0f, 5.0f}));
+  EXPECT_EQ(from_vector<int16_t>({-32768, 32767}, {2}).to(DType::i64).to_vector<int64_t>(),
+            (std::vector<int64_t>{-32768, 32767}));
   EXPECT_EQ(from_vector(std::vector<bool>{true, false}, {2}).to(DType::f32).to_vector<float>(),
             (std::vector<float>{1.0f, 0.0f}));
   // 2^24 + 1 is not a float: rounds to even (2^24).

@@ -1,6 +1,7 @@
 // CPU kernels of the elementwise family (unary, binary, comparisons, where) over strided operands.
-// Invariant: one instantiation per dtype; the op is a runtime argument of the inner loop, and f16/bf16 are loaded
-// into op_math_t (float), computed with elementwise_math.h, and rounded once when stored.
+// Invariant: the hot (op, f32/f64) pairs get one loop each with the op fixed at compile time (Note [Unit-stride fast
+// path] in loops.h); every other pair shares one instantiation per dtype with the op a runtime argument of the inner
+// loop. f16/bf16 are loaded into op_math_t (float), computed with elementwise_math.h, and rounded once when stored.
 #include <type_traits>
 
 #include "ember/kernels/cpu/loops.h"
@@ -10,10 +11,37 @@
 namespace ember::kernels::cpu {
 namespace {
 
+// The same formula as the generic path (unary_fn), with Op a constant so the switch folds away.
+template <class T, UnaryOp Op>
+void unary_fixed(UnaryParams p, const Tensor& in, const Tensor& out) {
+  const double p0 = p.p0, p1 = p.p1;
+  map_elements_fast<T, T>(out, {in}, [p0, p1](T x) { return unary_fn<T>(Op, x, p0, p1); });
+}
+
+// Runs the hot unary ops of f32/f64 through unary_fixed; false for every other (op, dtype).
+template <class T>
+bool unary_hot(UnaryOp op, UnaryParams p, const Tensor& in, const Tensor& out) {
+  if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
+    switch (op) {
+      case UnaryOp::Relu: unary_fixed<T, UnaryOp::Relu>(p, in, out); return true;
+      case UnaryOp::GeluTanh: unary_fixed<T, UnaryOp::GeluTanh>(p, in, out); return true;
+      case UnaryOp::GeluErf: unary_fixed<T, UnaryOp::GeluErf>(p, in, out); return true;
+      case UnaryOp::Exp: unary_fixed<T, UnaryOp::Exp>(p, in, out); return true;
+      case UnaryOp::Tanh: unary_fixed<T, UnaryOp::Tanh>(p, in, out); return true;
+      case UnaryOp::Sigmoid: unary_fixed<T, UnaryOp::Sigmoid>(p, in, out); return true;
+      case UnaryOp::Neg: unary_fixed<T, UnaryOp::Neg>(p, in, out); return true;
+      case UnaryOp::Rsqrt: unary_fixed<T, UnaryOp::Rsqrt>(p, in, out); return true;
+      default: return false;
+    }
+  }
+  return false;
+}
+
 // One instantiation per dtype (called from the dispatch switch, so `if constexpr` discards the other paths).
 template <class scalar_t>
 void unary_typed(UnaryOp op, UnaryParams p, const Tensor& in, const Tensor& out) {
   using acc_t = op_math_t<scalar_t>;
+  if (unary_hot<scalar_t>(op, p, in, out)) return;
   if constexpr (std::is_floating_point_v<acc_t>) {
     const double p0 = p.p0, p1 = p.p1;
     map_elements<scalar_t, scalar_t>(out, {in}, [op, p0, p1](scalar_t x) {
@@ -44,9 +72,31 @@ void binary_arith(BinaryOp op, const Tensor& a, const Tensor& b, const Tensor& o
   });
 }
 
+// The same formula as the generic path (binary_fn), with Op a constant so the switch folds away.
+template <class T, BinaryOp Op>
+void binary_fixed(const Tensor& a, const Tensor& b, const Tensor& out) {
+  map_elements_fast<T, T, T>(out, {a, b}, [](T x, T y) { return binary_fn<T>(Op, x, y); });
+}
+
+// Runs add/sub/mul/div of f32/f64 through binary_fixed; false for every other (op, dtype).
+template <class T>
+bool binary_hot(BinaryOp op, const Tensor& a, const Tensor& b, const Tensor& out) {
+  if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
+    switch (op) {
+      case BinaryOp::Add: binary_fixed<T, BinaryOp::Add>(a, b, out); return true;
+      case BinaryOp::Sub: binary_fixed<T, BinaryOp::Sub>(a, b, out); return true;
+      case BinaryOp::Mul: binary_fixed<T, BinaryOp::Mul>(a, b, out); return true;
+      case BinaryOp::Div: binary_fixed<T, BinaryOp::Div>(a, b, out); return true;
+      default: return false;
+    }
+  }
+  return false;
+}
+
 template <class scalar_t>
 void binary_typed(BinaryOp op, const Tensor& a, const Tensor& b, const Tensor& out) {
   using acc_t = op_math_t<scalar_t>;
+  if (binary_hot<scalar_t>(op, a, b, out)) return;  // f32/f64: operands and output share the dtype
   if (is_comparison(op)) {
     map_elements<bool, scalar_t, scalar_t>(out, {a, b}, [op](scalar_t x, scalar_t y) {
       return compare_fn<acc_t>(op, static_cast<acc_t>(x), static_cast<acc_t>(y));

@@ -1,7 +1,8 @@
 // Strided N-operand loops for the CPU reference kernels. Operands are views of one shape (inputs already expanded
 // to the output shape, so broadcast dims have stride 0). Dims are coalesced where every operand is contiguous
 // across them, so a dense tensor runs as one flat inner loop.
-// Invariant: `inner` is called once per innermost run with element offsets (not bytes) of the run's first element.
+// Invariant: `inner` is called once per innermost run with element offsets (not bytes) of the run's first element;
+// map_elements_fast runs a unit-stride/broadcast run as a plain loop the compiler vectorises.
 #pragma once
 
 #include <array>
@@ -72,10 +73,34 @@ void strided_loop(const Shape& sizes, const std::array<const Shape*, N>& strides
   }
 }
 
-// Element-wise map over operands of one shape: f(ptrs..., i) style is awkward, so this takes typed base pointers.
-// out[i] = f(in0[i], in1[i], ...) with In... and Out the storage types.
-template <class Out, class... In, class F>
-void map_elements(const Tensor& out, const std::array<Tensor, sizeof...(In)>& ins, F&& f) {
+// Note [Unit-stride fast path]
+// map_elements_fast is map_elements plus a fast path per innermost run: when the output's stride is 1 and each
+// input's is 1 or 0 (broadcast), the run is a plain indexed loop with the broadcast inputs loaded once before it,
+// which the compiler vectorises (a dense tensor is one such run after coalescing; x * rstd[..., None] is one per
+// row). The loop reads in[i] before it writes out[i], so an output that is exactly an input (in-place ops) stays
+// correct, and GCC's runtime alias check admits that case. Other runs take the strided loop. The cost is one loop
+// body per broadcast pattern (2^inputs) per functor, so only the hot (op, dtype) pairs use it, with the op fixed at
+// compile time: a functor that switches on a runtime op per element cannot vectorise.
+namespace detail {
+
+template <unsigned Mask, class Out, class... In, class F, size_t... K>
+void unit_stride_run(Out* op, const std::tuple<const In*...>& ip, int64_t n, F& f, std::index_sequence<K...>) {
+  const std::tuple<In...> scalar{std::get<K>(ip)[0]...};  // the broadcast inputs' one value (n >= 1)
+  auto load = [&]<size_t I>(std::integral_constant<size_t, I>, int64_t i) {
+    if constexpr (((Mask >> I) & 1u) != 0) return std::get<I>(scalar);
+    else return std::get<I>(ip)[i];
+  };
+  for (int64_t i = 0; i < n; ++i) op[i] = f(load(std::integral_constant<size_t, K>{}, i)...);
+}
+
+// Calls body(integral_constant<unsigned, M>) for the M in Ms equal to mask.
+template <class Body, unsigned... Ms>
+void dispatch_mask(unsigned mask, Body&& body, std::integer_sequence<unsigned, Ms...>) {
+  (void)((mask == Ms ? (body(std::integral_constant<unsigned, Ms>{}), true) : false) || ...);
+}
+
+template <bool Fast, class Out, class... In, class F>
+void map_elements_impl(const Tensor& out, const std::array<Tensor, sizeof...(In)>& ins, F& f) {
   constexpr size_t N = sizeof...(In) + 1;
   std::array<const Shape*, N> st;
   st[0] = &out.strides();
@@ -86,10 +111,40 @@ void map_elements(const Tensor& out, const std::array<Tensor, sizeof...(In)>& in
   strided_loop<N>(out.sizes(), st, [&](const std::array<int64_t, N>& off, int64_t n, const std::array<int64_t, N>& s) {
     [&]<size_t... K>(std::index_sequence<K...>) {
       Out* op = o + off[0];
-      std::tuple<const In*...> ip{static_cast<const In*>(bases[K]) + off[K + 1]...};
+      const std::tuple<const In*...> ip{static_cast<const In*>(bases[K]) + off[K + 1]...};
+      if constexpr (Fast) {
+        bool unit = s[0] == 1;
+        unsigned mask = 0;  // bit k: input k is broadcast along the run
+        for (size_t k = 1; k < N; ++k) {
+          unit = unit && (s[k] == 0 || s[k] == 1);
+          if (s[k] == 0) mask |= 1u << (k - 1);
+        }
+        if (unit) {
+          dispatch_mask(
+              mask,
+              [&](auto m) { unit_stride_run<decltype(m)::value, Out, In...>(op, ip, n, f, std::index_sequence<K...>{}); },
+              std::make_integer_sequence<unsigned, (1u << sizeof...(In))>{});
+          return;
+        }
+      }
       for (int64_t i = 0; i < n; ++i) op[i * s[0]] = f(std::get<K>(ip)[i * s[K + 1]]...);
     }(std::index_sequence_for<In...>{});
   });
+}
+
+}  // namespace detail
+
+// Element-wise map over operands of one shape: out[i] = f(in0[i], in1[i], ...) with In... and Out the storage types.
+// Every run takes the strided loop; kernels whose functor is one op in a hot dtype use map_elements_fast instead.
+template <class Out, class... In, class F>
+void map_elements(const Tensor& out, const std::array<Tensor, sizeof...(In)>& ins, F&& f) {
+  detail::map_elements_impl<false, Out, In...>(out, ins, f);
+}
+
+// map_elements with the unit-stride fast path (Note [Unit-stride fast path]).
+template <class Out, class... In, class F>
+void map_elements_fast(const Tensor& out, const std::array<Tensor, sizeof...(In)>& ins, F&& f) {
+  detail::map_elements_impl<true, Out, In...>(out, ins, f);
 }
 
 // Converts between storage types: the one cast of Note [Casts] (kernels/convert.h), shared with the CUDA kernels.

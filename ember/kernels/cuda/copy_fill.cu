@@ -43,6 +43,8 @@ __device__ __forceinline__ Value load_value(const void* base, DType dt, int64_t 
     case DType::i64: return {0.0, static_cast<const int64_t*>(base)[off], false};
     case DType::u8: return {0.0, static_cast<const uint8_t*>(base)[off], false};
     case DType::b8: return {0.0, static_cast<const bool*>(base)[off] ? 1 : 0, false};
+    case DType::i8: return {0.0, static_cast<const int8_t*>(base)[off], false};
+    case DType::i16: return {0.0, static_cast<const int16_t*>(base)[off], false};
   }
   return {0.0, 0, false};
 }
@@ -63,6 +65,8 @@ __device__ __forceinline__ void store_value(void* base, DType dt, int64_t off, c
     case DType::i64: static_cast<int64_t*>(base)[off] = cast_value<int64_t>(v); return;
     case DType::u8: static_cast<uint8_t*>(base)[off] = cast_value<uint8_t>(v); return;
     case DType::b8: static_cast<bool*>(base)[off] = cast_value<bool>(v); return;
+    case DType::i8: static_cast<int8_t*>(base)[off] = cast_value<int8_t>(v); return;
+    case DType::i16: static_cast<int16_t*>(base)[off] = cast_value<int16_t>(v); return;
   }
 }
 
