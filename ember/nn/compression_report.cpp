@@ -123,7 +123,7 @@ std::string ratio(int64_t now, int64_t base) {
 std::string format_compression_table(const std::vector<CompressionRow>& rows) {
   std::string out;
   char line[512];
-  std::snprintf(line, sizeof line, "%-34s %10s %12s %12s %8s %12s %12s %8s %9s\n", "model", "accuracy",
+  std::snprintf(line, sizeof line, "%-42s %9s %12s %12s %8s %12s %12s %8s %9s\n", "model", "accuracy",
                 "weights KiB", "state KiB", "x state", "fwd peak KiB", "infer KiB", "x infer", "alloc KiB");
   out += line;
   if (rows.empty()) return out;
@@ -131,7 +131,7 @@ std::string format_compression_table(const std::vector<CompressionRow>& rows) {
   for (const CompressionRow& r : rows) {
     char acc[32] = "-";
     if (r.accuracy >= 0) std::snprintf(acc, sizeof acc, "%.2f%%", 100.0 * r.accuracy);
-    std::snprintf(line, sizeof line, "%-34s %10s %12s %12s %8s %12s %12s %8s %9s\n", r.name.c_str(), acc,
+    std::snprintf(line, sizeof line, "%-42s %9s %12s %12s %8s %12s %12s %8s %9s\n", r.name.c_str(), acc,
                   kib(r.memory.weight_bytes).c_str(), kib(r.memory.total_bytes).c_str(),
                   ratio(r.memory.total_bytes, base.memory.total_bytes).c_str(),
                   kib(r.inference.forward_peak_bytes).c_str(), kib(r.inference.peak_bytes).c_str(),
