@@ -19,12 +19,13 @@ namespace ember {
 // -128 is never used, so the range is symmetric and negation is exact. A row whose scale would be 0 (all zeros, or
 // a maximum so small that max / 127 underflows f32) gets scale 1: its q are 0 and it dequantizes to exact zeros
 // (error <= its max, below 1e-43). For every element |q * scale - w| <= scale / 2 (exact arithmetic; the f32 product
-// adds one rounding). Non-finite weights are rejected (ValueError). Dequantized weight bytes: an f32 [O, R] weight
-// (4*O*R bytes) becomes O*R + 4*O bytes.
+// adds one rounding). Non-finite weights, and f64 rows with a maximum beyond f32's range, are rejected (ValueError).
+// Dequantized weight bytes: an f32 [O, R] weight (4*O*R bytes) becomes O*R + 4*O bytes.
 
-// The int32 accumulation of int8_dynamic_linear holds sum_k qx * qw with |qx|, |qw| <= 127: it cannot overflow for
-// K <= this bound (= floor((2^31 - 1) / 127^2) = 133,144).
-inline constexpr int64_t kInt8DotMaxK = 2147483647LL / (127 * 127);
+// The int32 accumulation of int8_dynamic_linear holds sum_k qx * qw with |qx| <= 127 (activations are clamped) and
+// |qw| <= 128 (quantize never writes -128, but a weight loaded from a file may hold it): it cannot overflow for
+// K <= this bound (= floor((2^31 - 1) / (127 * 128)) = 132,104).
+inline constexpr int64_t kInt8DotMaxK = 2147483647LL / (127 * 128);
 
 // The weight-only kernel dequantizes tiles of the weight of at most this many bytes of f32 (f64 for an f64 input)
 // at a time (Note [Blocked dequantization] in cpu/quant_kernels.cpp).

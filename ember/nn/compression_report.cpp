@@ -71,7 +71,9 @@ ModelMemory model_memory(const Module& model) {
     count(t);
   }
   // Weights of the layers compression targets, dense or packed.
+  std::unordered_set<const Module*> modules_seen;  // a layer shared in the tree is listed once per path
   for (const auto& [name, module] : mutable_model.named_modules()) {
+    if (!modules_seen.insert(module.get()).second) continue;
     if (auto* lin = dynamic_cast<const Linear*>(module.get())) {
       m.weight_bytes += lin->packed_weight ? lin->packed_weight->nbytes() : lin->weight.nbytes();
     } else if (auto* conv = dynamic_cast<const Conv2d*>(module.get())) {
@@ -87,6 +89,11 @@ InferenceMemory measure_inference(Module& model, const Tensor& input) {
   r.state_bytes = model_memory(model).total_bytes;
   const bool was_training = model.is_training();
   model.eval();
+  struct RestoreMode {  // also when the forward throws
+    Module& model;
+    bool training;
+    ~RestoreMode() { model.train(training); }
+  } restore{model, was_training};
   memory::Allocator& alloc = allocator_for(input.device());
   {
     NoGradGuard no_grad;
@@ -98,7 +105,6 @@ InferenceMemory measure_inference(Module& model, const Tensor& input) {
     }
     r.forward_peak_bytes = window.peak() - before;
   }
-  model.train(was_training);
   r.peak_bytes = r.state_bytes + r.forward_peak_bytes;
   return r;
 }

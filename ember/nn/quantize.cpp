@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <unordered_set>
 
 #include "ember/kernels/ops.h"
 #include "ember/kernels/ops_quant.h"
@@ -85,13 +86,14 @@ void check_packable(const char* layer, const Tensor& weight, const std::shared_p
   EMBER_CHECK(weight.defined(), ValueError, "quantize_int8: the ", layer, " has no weight");
 }
 
-// Quantizes `weight`, then (nothing can fail after the kernel ran) swaps it for the buffers in `m`.
-std::shared_ptr<Int8PackedWeight> pack(Module& m, Tensor& weight, ActivationQuant mode) {
-  QuantizedPerChannel qw;
-  {
-    NoGradGuard no_grad;
-    qw = ops::quantize_per_channel_symmetric(weight.detach());
-  }
+QuantizedPerChannel quantize_weight(const Tensor& weight) {
+  NoGradGuard no_grad;
+  return ops::quantize_per_channel_symmetric(weight.detach());
+}
+
+// Swaps `weight` for the buffers of its quantized form qw in `m` (nothing here can fail).
+std::shared_ptr<Int8PackedWeight> install(Module& m, Tensor& weight, const QuantizedPerChannel& qw,
+                                          ActivationQuant mode) {
   const Device device = weight.device();
   m.remove_parameter("weight");
   weight = Tensor();
@@ -113,7 +115,8 @@ std::shared_ptr<Int8PackedWeight> int8_of(const char* layer, const std::shared_p
 }
 
 Tensor unpack(Module& m, const Int8PackedWeight& p) {
-  Tensor w = p.dense();
+  // In the scale's dtype: a layer moved to f64 (or f16) by Module::to gets its weight back in that dtype.
+  Tensor w = ops::dequantize_per_channel(p.q(), p.scale(), p.scale().dtype());
   m.remove_buffer("weight_int8");
   m.remove_buffer("weight_scale");
   if (p.mode() == ActivationQuant::Static) m.remove_buffer("input_scale");
@@ -124,12 +127,12 @@ Tensor unpack(Module& m, const Int8PackedWeight& p) {
 
 void quantize_int8(Linear& layer, ActivationQuant mode) {
   check_packable("Linear", layer.weight, layer.packed_weight);
-  layer.packed_weight = pack(layer, layer.weight, mode);
+  layer.packed_weight = install(layer, layer.weight, quantize_weight(layer.weight), mode);
 }
 
 void quantize_int8(Conv2d& layer) {
   check_packable("Conv2d", layer.weight, layer.packed_weight);
-  layer.packed_weight = pack(layer, layer.weight, ActivationQuant::None);
+  layer.packed_weight = install(layer, layer.weight, quantize_weight(layer.weight), ActivationQuant::None);
 }
 
 void dequantize(Linear& layer) {
@@ -145,17 +148,32 @@ void dequantize(Conv2d& layer) {
 }
 
 std::vector<std::string> quantize_model(Module& root, ActivationQuant linear_mode, bool convs) {
-  std::vector<std::string> names;
+  // All or nothing: every weight is quantized (the step that can fail: a non-finite weight) before any layer changes.
+  struct Target {
+    std::string name;
+    Module* module;
+    Tensor* weight;
+    std::shared_ptr<PackedWeight>* packed;
+    ActivationQuant mode;
+    QuantizedPerChannel qw;
+  };
+  std::vector<Target> targets;
+  std::unordered_set<const Module*> seen;  // a layer shared in the tree is listed once per path: quantize it once
   for (const auto& [name, m] : root.named_modules()) {
+    if (!seen.insert(m.get()).second) continue;
     if (auto* lin = dynamic_cast<Linear*>(m.get())) {
       if (lin->packed_weight || !lin->weight.defined()) continue;
-      quantize_int8(*lin, linear_mode);
-      names.push_back(name);
+      targets.push_back({name, lin, &lin->weight, &lin->packed_weight, linear_mode, quantize_weight(lin->weight)});
     } else if (auto* conv = dynamic_cast<Conv2d*>(m.get()); conv && convs) {
       if (conv->packed_weight || !conv->weight.defined()) continue;
-      quantize_int8(*conv);
-      names.push_back(name);
+      targets.push_back(
+          {name, conv, &conv->weight, &conv->packed_weight, ActivationQuant::None, quantize_weight(conv->weight)});
     }
+  }
+  std::vector<std::string> names;
+  for (Target& t : targets) {
+    *t.packed = install(*t.module, *t.weight, t.qw, t.mode);
+    names.push_back(t.name);
   }
   return names;
 }

@@ -59,8 +59,9 @@ class Int8PackedWeight : public PackedWeight {
 // no weight; the layer is unchanged when an error is raised. Static layers need a calibration before use.
 void quantize_int8(Linear& layer, ActivationQuant mode = ActivationQuant::None);
 void quantize_int8(Conv2d& layer);  // weight-only
-// Back to a dense f32 "weight" parameter (= q * scale, registered after the bias, so it comes second in
-// state_dict); the int8 buffers are removed. ValueError unless the layer holds an "int8" packed weight.
+// Back to a dense "weight" parameter (= q * scale, in the scales' dtype: f32 unless Module::to moved the layer to
+// another floating dtype; registered after the bias, so it comes second in state_dict); the int8 buffers are removed.
+// ValueError unless the layer holds an "int8" packed weight.
 void dequantize(Linear& layer);
 void dequantize(Conv2d& layer);
 

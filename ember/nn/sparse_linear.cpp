@@ -2,6 +2,8 @@
 // Invariant: the module's buffers and the CsrWeight's CsrMatrix are the same Tensor handles.
 #include "ember/nn/sparse_linear.h"
 
+#include <unordered_set>
+
 #include "ember/core/grad_mode.h"
 #include "ember/nn/prune.h"
 
@@ -63,11 +65,25 @@ void to_dense(Linear& linear) {
 std::vector<std::string> sparsify_linears(Module& root, double min_sparsity, std::optional<DType> index_dtype) {
   EMBER_CHECK(min_sparsity >= 0.0 && min_sparsity <= 1.0, ValueError,
               "sparsify_linears: min_sparsity must be in [0, 1], got ", min_sparsity);
-  std::vector<std::string> packed;
+  // All or nothing: every layer to pack is chosen and checked before the first one is packed.
+  std::vector<std::pair<std::string, Linear*>> targets;
+  std::unordered_set<const Module*> seen;  // a layer shared in the tree is listed once per path: pack it once
   for (const auto& [path, module] : root.named_modules()) {
+    if (!seen.insert(module.get()).second) continue;
     auto* linear = dynamic_cast<Linear*>(module.get());
     if (linear == nullptr || linear->packed_weight || !linear->weight.defined()) continue;
     if (sparsity(linear->weight) < min_sparsity) continue;
+    EMBER_CHECK(!is_pruned(*linear, "weight"), ValueError, "sparsify_linears: the Linear '", path,
+                "' is pruned with a live mask; call prune remove(linear, \"weight\") first (nothing was packed)");
+    EMBER_CHECK(linear->weight.dim() == 2, ValueError, "sparsify_linears: the Linear '", path,
+                "' has no 2-d weight to pack (nothing was packed)");
+    EMBER_CHECK(index_dtype != DType::i16 || linear->weight.size(1) <= 32768, ValueError,
+                "sparsify_linears: the Linear '", path, "' has ", linear->weight.size(1),
+                " input features, beyond what i16 column indices hold (32768; nothing was packed)");
+    targets.emplace_back(path, linear);
+  }
+  std::vector<std::string> packed;
+  for (const auto& [path, linear] : targets) {
     to_sparse(*linear, index_dtype);
     packed.push_back(path);
   }

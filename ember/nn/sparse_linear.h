@@ -45,7 +45,8 @@ void to_sparse(Linear& linear, std::optional<DType> index_dtype = std::nullopt);
 // the bias now). ValueError when the layer is not packed as CSR.
 void to_dense(Linear& linear);
 // Packs every unpacked Linear in the tree whose weight has sparsity >= min_sparsity (in [0, 1]: ValueError otherwise)
-// and returns their dotted names ("" for the root). A pruned Linear with a live mask raises as in to_sparse.
+// and returns their dotted names ("" for the root). A pruned Linear with a live mask raises as in to_sparse; every
+// layer is checked before the first is packed, so nothing is packed when it raises.
 std::vector<std::string> sparsify_linears(Module& root, double min_sparsity = 0.0,
                                           std::optional<DType> index_dtype = std::nullopt);
 

@@ -13,6 +13,7 @@
 #include "ember/base/error.h"
 #include "ember/core/grad_mode.h"
 #include "ember/memory/tags.h"
+#include "ember/nn/prune.h"
 
 namespace ember::nn {
 
@@ -56,6 +57,16 @@ const Tensor& producer_weight(const GroupPlan& g) { return g.conv ? g.conv->weig
 void check_not_packed(const Module& m, bool packed, const Tensor& weight, const char* op, const char* role) {
   EMBER_CHECK(!packed && weight.defined(), ValueError, op, ": the ", role, " ", m.type_name(),
               " has a packed weight (unpack it before structured pruning)");
+}
+
+// A parameter with a live unstructured-pruning mask cannot be shrunk: its "NAME_mask" buffer (and the gradient hook
+// holding it) would keep the old size.
+void check_not_masked(const Module& m, const char* op, const char* role) {
+  for (const auto& [name, t] : m.named_parameters(/*recurse=*/false)) {
+    EMBER_CHECK(!is_pruned(m, name), ValueError, op, ": the ", role, " ", m.type_name(), ".", name,
+                " is pruned with a live mask; call remove(module, \"", name,
+                "\") first to make that pruning permanent");
+  }
 }
 
 // Checks the groups' modules, kinds and shapes; nothing is modified.
@@ -253,6 +264,9 @@ std::vector<double> channel_norms(const Tensor& weight, double p) {
 
 std::vector<int64_t> channels_to_keep(const std::vector<double>& norms, const PruneAmount& amount) {
   const auto channels = static_cast<int64_t>(norms.size());
+  for (size_t i = 0; i < norms.size(); ++i)  // a NaN would break the strict weak order the sort relies on
+    EMBER_CHECK(!std::isnan(norms[i]), ValueError, "structured pruning: channel ", i,
+                " has a NaN norm (the weight holds NaN); cannot rank the channels");
   int64_t prune = amount.resolve(channels);
   prune = std::min(prune, std::max<int64_t>(channels - 1, 0));
   std::vector<int64_t> order(static_cast<size_t>(channels));
@@ -269,6 +283,10 @@ std::vector<int64_t> channels_to_keep(const std::vector<double>& norms, const Pr
 
 StructuredPruneReport ln_structured(const std::vector<ChannelGroup>& groups, const PruneAmount& amount, double p) {
   std::vector<GroupPlan> plans = plan_groups(groups, "ln_structured");
+  for (const GroupPlan& g : plans) {
+    check_not_masked(*g.producer, "ln_structured", "producer");
+    for (const ConsumerPlan& c : g.consumers) check_not_masked(*c.module, "ln_structured", "consumer");
+  }
   EMBER_CHECK(p > 0.0 && !std::isnan(p), ValueError, "ln_structured: p must be > 0 (or infinity), got ", p);
   for (GroupPlan& g : plans) {
     try {

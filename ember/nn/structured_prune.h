@@ -63,8 +63,9 @@ std::vector<int64_t> channels_to_keep(const std::vector<double>& norms, const Pr
 // (before any shrinking) and every argument is checked before anything changes. Registered tensor handles stay the
 // same TensorImpls (set_data); their .grad is dropped. Optimizers built before the call hold state of the old
 // shapes: build them again afterwards.
-// Errors: ValueError (producer not Conv2d/Linear, grouped Conv2d, unsupported consumer, a packed layer, a module
-// produced or consumed by two groups, p invalid, a count above the channel count), ShapeError (a consumer whose
+// Errors: ValueError (producer not Conv2d/Linear, grouped Conv2d, unsupported consumer, a packed layer, a parameter
+// still pruned with a live unstructured mask (prune.h's remove() first), a module produced or consumed by two groups,
+// p invalid, a count above the channel count), ShapeError (a consumer whose
 // input size does not match the producer's channels × features_per_channel).
 StructuredPruneReport ln_structured(const std::vector<ChannelGroup>& groups, const PruneAmount& amount,
                                     double p = 2.0);

@@ -4,6 +4,7 @@
 // dequantized weight; every scratch byte comes from the host allocator (Note [Kernel workspace] in conv_pool.cpp).
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <type_traits>
 
 #include "ember/kernels/cpu/meta_workspace.h"
@@ -29,6 +30,10 @@ void quantize_typed(const Tensor& w, const Tensor& q, const Tensor& scale) {
                   v, ") at index ", j, "; int8 quantization needs finite weights");
       amax = std::max(amax, std::fabs(v));
     }
+    // An f64 row beyond f32's range would give an infinite (and, cast from double, undefined) f32 scale.
+    EMBER_CHECK(amax <= static_cast<double>(std::numeric_limits<float>::max()), ValueError,
+                "quantize_per_channel_symmetric: row ", i, " has max |w| = ", amax,
+                ", beyond the f32 range of the scales");
     float s = static_cast<float>(amax) / 127.0f;
     if (!(s > 0.0f)) s = 1.0f;  // zero row (or an underflowing maximum): q = 0, dequantized exactly to 0
     sp[i] = s;
