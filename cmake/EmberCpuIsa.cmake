@@ -1,0 +1,82 @@
+# CPU vector ISA of the project's C++ code: EMBER_CPU_ISA=auto (default) | avx2 | sse. Sets EMBER_CPU_ISA_RESOLVED
+# (avx2 or sse) and EMBER_CPU_ISA_FLAGS, and adds the flags to every C++ compile of the targets defined after it.
+# Invariant: one ISA for all of the project's C++ objects (library, tests, tools, bench), never for CUDA sources.
+
+# Note [One CPU ISA for every target]
+# Eigen (private to the library) picks its packet width and GEMM blocking from the -m flags, and ember's own inline
+# headers (elementwise_math.h, the half/bfloat16 conversions) are compiled into the library and into every test or
+# tool that includes them. Were the library built with AVX2 and a test without, the same inline function or template
+# would have two different definitions (an ODR violation the linker resolves by picking one copy), so the flags go
+# to every C++ target through add_compile_options, never to a single target. -ffp-contract=off goes with them: GCC
+# (and clang) would otherwise fuse a * b + c into an FMA wherever it likes, so ember's scalar kernels and the tests'
+# float64 references would round differently from the SSE build; with it, only code that asks for FMA explicitly
+# (Eigen's GEMM kernels) changes numerics. A binary built with avx2 (or with auto on an AVX2 machine) needs a CPU
+# with AVX2 and FMA (Haswell / Zen 1 or newer): build with EMBER_CPU_ISA=sse for older machines.
+include(CheckCXXSourceCompiles)
+include(CheckCXXSourceRuns)
+
+set(EMBER_CPU_ISA "auto" CACHE STRING
+    "Vector ISA of the CPU code: auto (AVX2+FMA when the build machine runs them), avx2, sse (compiler default)")
+set_property(CACHE EMBER_CPU_ISA PROPERTY STRINGS auto avx2 sse)
+string(TOLOWER "${EMBER_CPU_ISA}" _ember_isa)
+if(NOT _ember_isa MATCHES "^(auto|avx2|sse)$")
+  message(FATAL_ERROR "EMBER_CPU_ISA must be auto, avx2 or sse (got '${EMBER_CPU_ISA}')")
+endif()
+
+set(_ember_avx2_flags -mavx2 -mfma)
+# An AVX2 + FMA instruction the compiler and assembler must accept; run, it also proves the CPU executes it.
+set(_ember_avx2_source [=[
+#include <immintrin.h>
+int main() {
+  if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma")) return 1;
+  volatile float in = 2.0f;
+  __m256 a = _mm256_set1_ps(in);
+  __m256i b = _mm256_add_epi32(_mm256_castps_si256(a), _mm256_setzero_si256());  // AVX2
+  __m256 c = _mm256_fmadd_ps(a, _mm256_castsi256_ps(b), a);                       // FMA: 2 * 2 + 2
+  float out[8];
+  _mm256_storeu_ps(out, c);
+  return out[7] == 6.0f ? 0 : 1;
+}
+]=])
+set(_ember_saved_flags "${CMAKE_REQUIRED_FLAGS}")
+set(_ember_saved_quiet "${CMAKE_REQUIRED_QUIET}")
+list(JOIN _ember_avx2_flags " " CMAKE_REQUIRED_FLAGS)
+set(CMAKE_REQUIRED_QUIET ON)
+
+set(EMBER_CPU_ISA_RESOLVED sse)
+set(_ember_isa_why "")
+if(_ember_isa STREQUAL "avx2")
+  check_cxx_source_compiles("${_ember_avx2_source}" EMBER_CXX_ACCEPTS_AVX2_FMA)
+  if(NOT EMBER_CXX_ACCEPTS_AVX2_FMA)
+    message(FATAL_ERROR "EMBER_CPU_ISA=avx2 but ${CMAKE_CXX_COMPILER} does not accept -mavx2 -mfma (x86-64 only)")
+  endif()
+  set(EMBER_CPU_ISA_RESOLVED avx2)
+  set(_ember_isa_why "requested")
+elseif(_ember_isa STREQUAL "auto")
+  if(CMAKE_CROSSCOMPILING AND NOT CMAKE_CROSSCOMPILING_EMULATOR)
+    set(_ember_isa_why "cross-compiling: the target CPU cannot be probed")
+  else()
+    # Cached: the answer is about the build machine, which a build directory does not change.
+    check_cxx_source_runs("${_ember_avx2_source}" EMBER_CPU_RUNS_AVX2_FMA)
+    if(EMBER_CPU_RUNS_AVX2_FMA)
+      set(EMBER_CPU_ISA_RESOLVED avx2)
+      set(_ember_isa_why "the build machine runs AVX2 and FMA")
+    else()
+      set(_ember_isa_why "the build machine (or compiler) has no AVX2+FMA")
+    endif()
+  endif()
+else()
+  set(_ember_isa_why "requested")
+endif()
+set(CMAKE_REQUIRED_FLAGS "${_ember_saved_flags}")
+set(CMAKE_REQUIRED_QUIET "${_ember_saved_quiet}")
+
+set(EMBER_CPU_ISA_FLAGS "")
+if(EMBER_CPU_ISA_RESOLVED STREQUAL "avx2")
+  set(EMBER_CPU_ISA_FLAGS ${_ember_avx2_flags} -ffp-contract=off)
+  # C++ only: nvcc gets none of these (its host compiler keeps its defaults for the .cu files).
+  add_compile_options("$<$<COMPILE_LANGUAGE:CXX>:${EMBER_CPU_ISA_FLAGS}>")
+endif()
+list(JOIN EMBER_CPU_ISA_FLAGS " " _ember_isa_shown)
+message(STATUS "ember: CPU ISA ${EMBER_CPU_ISA_RESOLVED} (EMBER_CPU_ISA=${EMBER_CPU_ISA}: ${_ember_isa_why}),"
+               " C++ flags '${_ember_isa_shown}'")
