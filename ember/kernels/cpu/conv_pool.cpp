@@ -73,6 +73,9 @@ void conv2d_typed(const Tensor& x, const Tensor& weight, const Tensor& bias, con
         for (int64_t i = 0; i < kh; ++i)
           for (int64_t j = 0; j < kw; ++j) {
             acc_t* row = col_data + ((c * kh + i) * kw + j) * plane;
+            // Columns [zr.lo, zr.hi) read x (ix = z * sw + off), the rest are padding: no bounds test per element.
+            const int64_t off = j * dw - pw, step = sw * xs3;
+            const TapRange zr = tap_range(off, sw, w, ow);
             for (int64_t y = 0; y < oh; ++y) {
               const int64_t iy = y * sh - ph + i * dh;
               acc_t* dst = row + y * ow;
@@ -80,10 +83,16 @@ void conv2d_typed(const Tensor& x, const Tensor& weight, const Tensor& bias, con
                 std::fill(dst, dst + ow, acc_t(0));
                 continue;
               }
-              const scalar_t* xrow = xc + iy * xs2;
-              for (int64_t z = 0; z < ow; ++z) {
-                const int64_t ix = z * sw - pw + j * dw;
-                dst[z] = (ix >= 0 && ix < w) ? static_cast<acc_t>(xrow[ix * xs3]) : acc_t(0);
+              std::fill(dst, dst + zr.lo, acc_t(0));
+              std::fill(dst + zr.hi, dst + ow, acc_t(0));
+              if (zr.lo == zr.hi) continue;
+              const scalar_t* src = xc + iy * xs2 + (zr.lo * sw + off) * xs3;
+              acc_t* d = dst + zr.lo;
+              const int64_t cnt = zr.hi - zr.lo;
+              if (step == 1) {
+                for (int64_t t = 0; t < cnt; ++t) d[t] = static_cast<acc_t>(src[t]);
+              } else {
+                for (int64_t t = 0; t < cnt; ++t) d[t] = static_cast<acc_t>(src[t * step]);
               }
             }
           }

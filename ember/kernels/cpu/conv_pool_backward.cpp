@@ -21,21 +21,23 @@ struct ConvGeometry {
         og(o / p.groups), k(cg * kh * kw), plane(grad_out.size(2) * grad_out.size(3)) {}
 };
 
-// Calls f(row, c, q, iy, ix) for every entry of the im2col matrix of one (image, group) that reads the input (not
-// the zero padding): row = (c, i, j) of the [K, OH*OW] column matrix, column q = (y, z), input element (c, iy, ix).
+// Calls f(row, c, q0, iy, ix0, n) for every run of the im2col matrix of one (image, group) that reads the input (not
+// the zero padding): row = (c, i, j) of the [K, OH*OW] column matrix, columns q0 .. q0+n-1 (one output row y) read
+// input elements (c, iy, ix0 + t * stride[1]) for t < n. The runs' bounds come from tap_range (loops.h), so the
+// callers' inner loops carry no bounds test.
 template <class F>
-void for_each_tap(const ConvGeometry& g, const Conv2dParams& p, F&& f) {
+void for_each_tap_run(const ConvGeometry& g, const Conv2dParams& p, F&& f) {
   for (int64_t c = 0; c < g.cg; ++c)
     for (int64_t i = 0; i < g.kh; ++i)
       for (int64_t j = 0; j < g.kw; ++j) {
         const int64_t row = (c * g.kh + i) * g.kw + j;
+        const int64_t off = j * p.dilation[1] - p.padding[1];
+        const TapRange zr = tap_range(off, p.stride[1], g.w, g.ow);
+        if (zr.lo >= zr.hi) continue;
         for (int64_t y = 0; y < g.oh; ++y) {
           const int64_t iy = y * p.stride[0] - p.padding[0] + i * p.dilation[0];
           if (iy < 0 || iy >= g.h) continue;
-          for (int64_t z = 0; z < g.ow; ++z) {
-            const int64_t ix = z * p.stride[1] - p.padding[1] + j * p.dilation[1];
-            if (ix >= 0 && ix < g.w) f(row, c, y * g.ow + z, iy, ix);
-          }
+          f(row, c, y * g.ow + zr.lo, iy, zr.lo * p.stride[1] + off, zr.hi - zr.lo);
         }
       }
 }
@@ -115,8 +117,15 @@ void conv2d_backward_typed(const Tensor& grad_out, const Tensor& x, const Tensor
         gemm(wmat.narrow(0, grp * g.og, g.og).transpose(0, 1).unsqueeze(0), gout, dcol);
         const acc_t* dc = static_cast<const acc_t*>(dcol.raw_data());
         acc_t* gxg = gx + grp * g.cg * g.h * g.w;
-        for_each_tap(g, p, [&](int64_t row, int64_t c, int64_t q, int64_t iy, int64_t ix) {
-          gxg[(c * g.h + iy) * g.w + ix] += dc[row * g.plane + q];
+        const int64_t sw = p.stride[1];
+        for_each_tap_run(g, p, [&](int64_t row, int64_t c, int64_t q0, int64_t iy, int64_t ix0, int64_t cnt) {
+          acc_t* dst = gxg + (c * g.h + iy) * g.w + ix0;
+          const acc_t* src = dc + row * g.plane + q0;
+          if (sw == 1) {
+            for (int64_t t = 0; t < cnt; ++t) dst[t] += src[t];
+          } else {
+            for (int64_t t = 0; t < cnt; ++t) dst[t * sw] += src[t];
+          }
         });
       }
       if (grad_w.defined()) {
@@ -124,8 +133,15 @@ void conv2d_backward_typed(const Tensor& grad_out, const Tensor& x, const Tensor
         acc_t* cd = static_cast<acc_t*>(col.raw_data());
         std::fill(cd, cd + g.k * g.plane, acc_t(0));
         const scalar_t* xg = xp + n * xs0 + grp * g.cg * xs1;
-        for_each_tap(g, p, [&](int64_t row, int64_t c, int64_t q, int64_t iy, int64_t ix) {
-          cd[row * g.plane + q] = static_cast<acc_t>(xg[c * xs1 + iy * xs2 + ix * xs3]);
+        const int64_t step = p.stride[1] * xs3;
+        for_each_tap_run(g, p, [&](int64_t row, int64_t c, int64_t q0, int64_t iy, int64_t ix0, int64_t cnt) {
+          acc_t* dst = cd + row * g.plane + q0;
+          const scalar_t* src = xg + c * xs1 + iy * xs2 + ix0 * xs3;
+          if (step == 1) {
+            for (int64_t t = 0; t < cnt; ++t) dst[t] = static_cast<acc_t>(src[t]);
+          } else {
+            for (int64_t t = 0; t < cnt; ++t) dst[t] = static_cast<acc_t>(src[t * step]);
+          }
         });
         const Tensor acc_g = gw_acc.narrow(0, grp * g.og, g.og);
         if (n == 0) {
@@ -189,16 +205,20 @@ void max_pool2d_backward_kernel(const Tensor& grad_out, const Tensor& indices, c
     const int64_t hw = grad_in.size(2) * grad_in.size(3);
     const scalar_t* gp = static_cast<const scalar_t*>(grad_out.raw_data());
     const int64_t* ip = static_cast<const int64_t*>(indices.raw_data());
+    // Strides as locals: Tensor::stride() is an out-of-line call, too slow per element.
+    const int64_t gs0 = grad_out.stride(0), gs1 = grad_out.stride(1), gs2 = grad_out.stride(2),
+                  gs3 = grad_out.stride(3);
+    const int64_t is0 = indices.stride(0), is1 = indices.stride(1), is2 = indices.stride(2), is3 = indices.stride(3);
     accumulate_planes<scalar_t>(grad_in, [&](acc_t* acc, int64_t pl) {
       const int64_t n = pl / c, ch = pl % c;
-      const scalar_t* gpl = gp + n * grad_out.stride(0) + ch * grad_out.stride(1);
-      const int64_t* ipl = ip + n * indices.stride(0) + ch * indices.stride(1);
+      const scalar_t* gpl = gp + n * gs0 + ch * gs1;
+      const int64_t* ipl = ip + n * is0 + ch * is1;
       for (int64_t y = 0; y < oh; ++y)
         for (int64_t z = 0; z < ow; ++z) {
-          const int64_t idx = ipl[y * indices.stride(2) + z * indices.stride(3)];
+          const int64_t idx = ipl[y * is2 + z * is3];
           EMBER_CHECK(idx >= 0 && idx < hw, IndexError, "max_pool2d_backward: index ", idx, " at output (", n, ", ",
                       ch, ", ", y, ", ", z, ") is out of range for an input plane of ", hw, " elements");
-          acc[idx] += static_cast<acc_t>(gpl[y * grad_out.stride(2) + z * grad_out.stride(3)]);
+          acc[idx] += static_cast<acc_t>(gpl[y * gs2 + z * gs3]);
         }
     });
   });

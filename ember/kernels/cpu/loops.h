@@ -5,6 +5,7 @@
 // map_elements_fast runs a unit-stride/broadcast run as a plain loop the compiler vectorises.
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <tuple>
 #include <type_traits>
@@ -145,6 +146,19 @@ void map_elements(const Tensor& out, const std::array<Tensor, sizeof...(In)>& in
 template <class Out, class... In, class F>
 void map_elements_fast(const Tensor& out, const std::array<Tensor, sizeof...(In)>& ins, F&& f) {
   detail::map_elements_impl<true, Out, In...>(out, ins, f);
+}
+
+// The outputs z in [lo, hi) of one convolution/pooling tap whose input column z * stride + offset lies in [0, extent)
+// (offset = tap * dilation - padding): the in-bounds outputs of a tap are one contiguous range, so im2col and col2im
+// loop over it without a bounds test per element. 0 <= lo <= hi <= out_extent; lo == hi when the tap reads only
+// padding.
+struct TapRange {
+  int64_t lo, hi;
+};
+inline TapRange tap_range(int64_t offset, int64_t stride, int64_t extent, int64_t out_extent) {
+  const int64_t lo = offset >= 0 ? 0 : std::min(out_extent, (-offset + stride - 1) / stride);
+  const int64_t hi = offset >= extent ? 0 : std::min(out_extent, (extent - 1 - offset) / stride + 1);
+  return {lo, std::max(lo, hi)};
 }
 
 // Converts between storage types: the one cast of Note [Casts] (kernels/convert.h), shared with the CUDA kernels.
