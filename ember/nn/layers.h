@@ -83,6 +83,18 @@ class Conv2dOptions {
   Size2 dilation() const { return dilation_; }
   int64_t groups() const { return groups_; }
   bool bias() const { return bias_; }
+  // The kernel parameters (stride, padding, dilation, groups) these options describe.
+  Conv2dParams params() const {
+    Conv2dParams p;
+    p.stride[0] = stride_.h;
+    p.stride[1] = stride_.w;
+    p.padding[0] = padding_.h;
+    p.padding[1] = padding_.w;
+    p.dilation[0] = dilation_.h;
+    p.dilation[1] = dilation_.w;
+    p.groups = groups_;
+    return p;
+  }
 
  private:
   int64_t in_channels_, out_channels_;

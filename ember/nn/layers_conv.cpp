@@ -92,14 +92,7 @@ Tensor Conv2d::forward(const Tensor& x) {
     check_packed_inference("Conv2d", *packed_weight, x, bias);
     return packed_weight->conv2d(x, bias, options);
   }
-  Conv2dParams p;
-  p.stride[0] = options.stride().h;
-  p.stride[1] = options.stride().w;
-  p.padding[0] = options.padding().h;
-  p.padding[1] = options.padding().w;
-  p.dilation[0] = options.dilation().h;
-  p.dilation[1] = options.dilation().w;
-  p.groups = options.groups();
+  const Conv2dParams p = options.params();
   return batched(x, [&](const Tensor& xb) { return conv2d(xb, weight, bias, p); });
 }
 

@@ -59,14 +59,7 @@ Tensor Int8PackedWeight::linear(const Tensor& x, const Tensor& bias) const {
 Tensor Int8PackedWeight::conv2d(const Tensor& x, const Tensor& bias, const Conv2dOptions& options) const {
   EMBER_CHECK(q_.dim() == 4, ValueError, "int8 packed weight ", shape_str(q_.sizes()),
               " belongs to a Linear: it has no conv2d");
-  Conv2dParams p;
-  p.stride[0] = options.stride().h;
-  p.stride[1] = options.stride().w;
-  p.padding[0] = options.padding().h;
-  p.padding[1] = options.padding().w;
-  p.dilation[0] = options.dilation().h;
-  p.dilation[1] = options.dilation().w;
-  p.groups = options.groups();
+  const Conv2dParams p = options.params();
   if (x.dim() == 3) return ops::int8_weight_conv2d(x.unsqueeze(0), q_, scale_, bias, p).squeeze(0);  // [C, H, W]
   return ops::int8_weight_conv2d(x, q_, scale_, bias, p);
 }
