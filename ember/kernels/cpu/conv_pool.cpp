@@ -208,7 +208,7 @@ void conv2d_meta_kernel(const Tensor& x, const Tensor& weight, const Tensor& bia
   if (!in_place) ws.take(o * k, acc);
   ws.take(k * plane, acc);
   if (widen) ws.take(og * plane, acc);
-  replay_bmm_workspace(acc, og, k, plane, in_place ? weight.stride(0) : k, 1, plane, 1);
+  replay_bmm_workspace(acc, 1, og, k, plane, in_place ? weight.stride(0) : k, 1, plane, 1);
 }
 
 }  // namespace

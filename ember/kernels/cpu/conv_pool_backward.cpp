@@ -286,8 +286,8 @@ void conv2d_backward_meta_kernel(const Tensor& grad_out, const Tensor& x, const 
     if (widen) ws.take(g.o * g.k, acc);
   }
   // grad_x: W_g^T [K, og] @ grad_out [og, plane]; grad_w: grad_out [og, plane] @ col^T [plane, K].
-  if (grad_x.defined()) replay_bmm_workspace(acc, g.k, g.og, g.plane, 1, wmat_rs, gout_rs, gout_cs);
-  if (grad_w.defined()) replay_bmm_workspace(acc, g.og, g.plane, g.k, gout_rs, gout_cs, 1, g.plane);
+  if (grad_x.defined()) replay_bmm_workspace(acc, 1, g.k, g.og, g.plane, 1, wmat_rs, gout_rs, gout_cs);
+  if (grad_w.defined()) replay_bmm_workspace(acc, 1, g.og, g.plane, g.k, gout_rs, gout_cs, 1, g.plane);
 }
 
 // accumulate_planes' f32 plane for f16/bf16.

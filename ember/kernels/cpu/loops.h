@@ -1,18 +1,20 @@
 // Strided N-operand loops for the CPU reference kernels. Operands are views of one shape (inputs already expanded
 // to the output shape, so broadcast dims have stride 0). Dims are coalesced where every operand is contiguous
 // across them, so a dense tensor runs as one flat inner loop.
-// Invariant: `inner` is called once per innermost run with element offsets (not bytes) of the run's first element;
-// map_elements_fast runs a unit-stride/broadcast run as a plain loop the compiler vectorises.
+// Invariant: `inner` is called for every innermost run (or piece of one, when the loop is split over the CPU threads)
+// with element offsets (not bytes) of its first element, each element once; map_elements_fast runs a
+// unit-stride/broadcast run as a plain loop the compiler vectorises.
 #pragma once
 
 #include <algorithm>
 #include <array>
+#include <cstdint>
 #include <tuple>
 #include <type_traits>
 #include <utility>
-#include <cstdint>
 #include <vector>
 
+#include "ember/core/parallel.h"
 #include "ember/core/tensor.h"
 #include "ember/kernels/convert.h"
 
@@ -20,7 +22,7 @@ namespace ember::kernels::cpu {
 
 template <size_t N>
 struct LoopGeometry {
-  Shape sizes;                               // coalesced sizes, innermost last
+  Shape sizes;                                  // coalesced sizes, innermost last
   std::vector<std::array<int64_t, N>> strides;  // per dim, per operand (elements)
 };
 
@@ -46,10 +48,18 @@ LoopGeometry<N> coalesce(const Shape& sizes, const std::array<const Shape*, N>& 
   return g;
 }
 
+// Elements per chunk of an element-wise loop run on the CPU threads (Note [Parallel chunks] in core/parallel.h).
+constexpr int64_t kElementGrain = int64_t{1} << 15;
+
 // Calls inner(offsets, n, inner_strides) for every innermost run; offsets are relative to each operand's first element.
+// The runs cover the elements in row-major order of the coalesced dims; with at least 2 * grain elements they are
+// split into chunks at element boundaries (a run may be cut in two) that run on the CPU threads, so inner may only
+// write its own elements and must not allocate tensors.
 template <size_t N, class Inner>
-void strided_loop(const Shape& sizes, const std::array<const Shape*, N>& strides, Inner&& inner) {
-  if (numel_of(sizes) == 0) return;
+void strided_loop(const Shape& sizes, const std::array<const Shape*, N>& strides, Inner&& inner,
+                  int64_t grain = kElementGrain) {
+  const int64_t total = numel_of(sizes);
+  if (total == 0) return;
   const LoopGeometry<N> g = coalesce<N>(sizes, strides);
   const int64_t nd = static_cast<int64_t>(g.sizes.size());
   if (nd == 0) {
@@ -58,20 +68,33 @@ void strided_loop(const Shape& sizes, const std::array<const Shape*, N>& strides
   }
   const int64_t inner_n = g.sizes[nd - 1];
   const std::array<int64_t, N> inner_st = g.strides[nd - 1];
-  std::vector<int64_t> idx(static_cast<size_t>(nd), 0);
-  std::array<int64_t, N> off{};
-  int64_t outer = 1;
-  for (int64_t d = 0; d + 1 < nd; ++d) outer *= g.sizes[d];
-  for (int64_t o = 0; o < outer; ++o) {
-    inner(off, inner_n, inner_st);
-    for (int64_t d = nd - 2; d >= 0; --d) {  // odometer increment over the outer dims
-      ++idx[d];
-      for (size_t k = 0; k < N; ++k) off[k] += g.strides[d][k];
-      if (idx[d] < g.sizes[d]) break;
-      for (size_t k = 0; k < N; ++k) off[k] -= g.strides[d][k] * g.sizes[d];
-      idx[d] = 0;
+  parallel::parallel_for(total, grain, [&](int64_t lo, int64_t hi) {
+    // Index and offsets of element lo, then runs up to hi.
+    std::vector<int64_t> idx(static_cast<size_t>(nd), 0);
+    std::array<int64_t, N> off{};
+    int64_t rem = lo;
+    for (int64_t d = nd - 1; d >= 0; --d) {
+      idx[d] = rem % g.sizes[d];
+      rem /= g.sizes[d];
+      for (size_t k = 0; k < N; ++k) off[k] += idx[d] * g.strides[d][k];
     }
-  }
+    for (int64_t pos = lo; pos < hi;) {
+      const int64_t n = std::min(inner_n - idx[nd - 1], hi - pos);
+      inner(off, n, inner_st);
+      pos += n;
+      if (pos == hi) break;
+      // The run reached the end of its row: back to the row's start, then the odometer increment over the outer dims.
+      for (size_t k = 0; k < N; ++k) off[k] -= idx[nd - 1] * inner_st[k];
+      idx[nd - 1] = 0;
+      for (int64_t d = nd - 2; d >= 0; --d) {
+        ++idx[d];
+        for (size_t k = 0; k < N; ++k) off[k] += g.strides[d][k];
+        if (idx[d] < g.sizes[d]) break;
+        for (size_t k = 0; k < N; ++k) off[k] -= g.strides[d][k] * g.sizes[d];
+        idx[d] = 0;
+      }
+    }
+  });
 }
 
 // Note [Unit-stride fast path]
@@ -88,8 +111,10 @@ template <unsigned Mask, class Out, class... In, class F, size_t... K>
 void unit_stride_run(Out* op, const std::tuple<const In*...>& ip, int64_t n, F& f, std::index_sequence<K...>) {
   const std::tuple<In...> scalar{std::get<K>(ip)[0]...};  // the broadcast inputs' one value (n >= 1)
   auto load = [&]<size_t I>(std::integral_constant<size_t, I>, int64_t i) {
-    if constexpr (((Mask >> I) & 1u) != 0) return std::get<I>(scalar);
-    else return std::get<I>(ip)[i];
+    if constexpr (((Mask >> I) & 1u) != 0)
+      return std::get<I>(scalar);
+    else
+      return std::get<I>(ip)[i];
   };
   for (int64_t i = 0; i < n; ++i) op[i] = f(load(std::integral_constant<size_t, K>{}, i)...);
 }
@@ -123,13 +148,16 @@ void map_elements_impl(const Tensor& out, const std::array<Tensor, sizeof...(In)
         if (unit) {
           dispatch_mask(
               mask,
-              [&](auto m) { unit_stride_run<decltype(m)::value, Out, In...>(op, ip, n, f, std::index_sequence<K...>{}); },
+              [&](auto m) {
+                unit_stride_run<decltype(m)::value, Out, In...>(op, ip, n, f, std::index_sequence<K...>{});
+              },
               std::make_integer_sequence<unsigned, (1u << sizeof...(In))>{});
           return;
         }
       }
       for (int64_t i = 0; i < n; ++i) op[i * s[0]] = f(std::get<K>(ip)[i * s[K + 1]]...);
-    }(std::index_sequence_for<In...>{});
+    }
+    (std::index_sequence_for<In...>{});
   });
 }
 

@@ -1,12 +1,14 @@
 // CPU batched matmul through Eigen: each batch of a [B, M, K] and b [B, K, N] is mapped in place (row- or
 // column-major with an outer stride, so transposed views need no copy; other strides are packed first) and
 // multiplied into the contiguous out [B, M, N]. f16/bf16 are widened to f32 matrices, multiplied, rounded back.
+// Large products run on the CPU threads with results independent of their number (Note [Parallel GEMM]).
 // Packing, staging and GEMM panel buffers are host-allocator tensors (Note [Kernel workspace] in conv_pool.cpp).
 #include <Eigen/Dense>
-
 #include <algorithm>
 #include <type_traits>
+#include <vector>
 
+#include "ember/core/parallel.h"
 #include "ember/kernels/cpu/loops.h"
 #include "ember/kernels/cpu/meta_workspace.h"
 #include "ember/kernels/stubs.h"
@@ -130,8 +132,8 @@ class GemmPanels
 };
 
 // c = ma * mb through Eigen's blocked GEMM with the panels of `panels` (Note [GEMM panels from the allocator]).
-template <class T, class MA, class MB>
-void blocked_gemm(const MA& ma, const MB& mb, Eigen::Map<RowMat<T>>& c, GemmPanels<T>& panels) {
+template <class T, class MA, class MB, class MC>
+void blocked_gemm(const MA& ma, const MB& mb, MC& c, GemmPanels<T>& panels) {
 #if EMBER_GEMM_PANELS_FROM_ALLOCATOR
   constexpr int kLhsOrder = (MA::Flags & Eigen::RowMajorBit) ? Eigen::RowMajor : Eigen::ColMajor;
   constexpr int kRhsOrder = (MB::Flags & Eigen::RowMajorBit) ? Eigen::RowMajor : Eigen::ColMajor;
@@ -147,11 +149,17 @@ void blocked_gemm(const MA& ma, const MB& mb, Eigen::Map<RowMat<T>>& c, GemmPane
 #endif
 }
 
-// out (contiguous M x N) = a @ b, T = float or double.
+// True when with_eigen packs the operand (neither stride is unit).
+bool packs(int64_t rows, int64_t cols, int64_t rs, int64_t cs) {
+  return !(cs == 1 || cols == 1) && !(rs == 1 || rows == 1);
+}
+
+// c (a.rows x b.cols, row-major with row stride ldc) = a @ b, T = float or double. Takes a strided operand's packing
+// buffer and the panels on first use (prepare_gemm takes them ahead, for a call inside a parallel chunk).
 template <class T>
-void gemm(const MatrixView<T>& a, const MatrixView<T>& b, T* out, PackBuffer<T>& pack_a, PackBuffer<T>& pack_b,
-          GemmPanels<T>& panels) {
-  Eigen::Map<RowMat<T>> c(out, a.rows, b.cols);
+void gemm(const MatrixView<T>& a, const MatrixView<T>& b, T* out, int64_t ldc, PackBuffer<T>& pack_a,
+          PackBuffer<T>& pack_b, GemmPanels<T>& panels) {
+  Eigen::Map<RowMat<T>, Eigen::Unaligned, Eigen::OuterStride<>> c(out, a.rows, b.cols, Eigen::OuterStride<>(ldc));
   if (a.cols == 0) {
     c.setZero();
     return;
@@ -159,9 +167,113 @@ void gemm(const MatrixView<T>& a, const MatrixView<T>& b, T* out, PackBuffer<T>&
   const bool blocked = GemmPanels<T>::blocked(a.rows, b.cols, a.cols);
   with_eigen(a, pack_a, [&](const auto& ma) {
     with_eigen(b, pack_b, [&](const auto& mb) {
-      if (blocked) blocked_gemm<T>(ma, mb, c, panels);
-      else c.noalias() = ma * mb;
+      if (blocked)
+        blocked_gemm<T>(ma, mb, c, panels);
+      else
+        c.noalias() = ma * mb;
     });
+  });
+}
+
+// Takes what gemm would take on its first call for an [M, K] x [K, N] product with these operand strides.
+template <class T>
+void prepare_gemm(int64_t M, int64_t K, int64_t N, int64_t a_rs, int64_t a_cs, int64_t b_rs, int64_t b_cs,
+                  PackBuffer<T>& pack_a, PackBuffer<T>& pack_b, GemmPanels<T>& panels) {
+  if (K == 0) return;
+  if (packs(M, K, a_rs, a_cs)) pack_a.get(M * K);
+  if (packs(K, N, b_rs, b_cs)) pack_b.get(K * N);
+#if EMBER_GEMM_PANELS_FROM_ALLOCATOR
+  if (GemmPanels<T>::blocked(M, N, K)) panels.blocking(M, N, K);
+#else
+  (void)panels;
+#endif
+}
+
+// Note [Parallel GEMM]
+// A bmm with at least kParallelGemmMacs multiply-adds runs on the CPU threads (core/parallel.h). With B >= 2 the
+// batches are split into chunks, each with its own packing buffers and panels. A single product (B == 1) is split
+// along the larger of M and N into blocks of rows (boundaries multiples of kRowAlign) or columns (kColAlign), after a
+// strided operand has been packed once; each block is one blocked Eigen GEMM with its own panels. Eigen's kc depends
+// on K only, its register panels and cache blocks along a dimension are multiples of nr (rows of C) and mr (columns
+// of C), and the split points are multiples of both, so each element is summed in the same order as by one GEMM over
+// the whole matrix: results are bitwise independent of the thread count (tests/kernels/test_parallel_kernels.cpp).
+// Blocks of at least kMinBlock rows/columns keep every block a blocked GEMM (never Eigen's coefficient-based or
+// matrix-vector paths, which sum in another order). All workspace is taken on the calling thread before the chunks
+// run, in chunk order; replay_bmm_workspace takes the same on meta.
+constexpr int64_t kParallelGemmMacs = int64_t{1} << 18;
+constexpr int64_t kRowAlign = 8;   // a multiple of Eigen's nr (4) for float and double
+constexpr int64_t kColAlign = 48;  // a multiple of Eigen's mr for float and double with SSE, AVX2 or AVX-512
+constexpr int64_t kMinBlock = 48;
+
+struct GemmSplit {
+  enum Kind { kSerial, kBatches, kRows, kCols } kind = kSerial;
+  int64_t chunks = 1, extent = 1, align = 1;  // chunks over [0, extent), boundaries multiples of align
+  int64_t begin(int64_t i) const { return parallel::chunk_begin(i, chunks, extent, align); }
+};
+
+GemmSplit plan_gemm_split(int64_t B, int64_t M, int64_t K, int64_t N) {
+  GemmSplit s;
+  if (M <= 1 || N <= 1 || K == 0 || B * M * N * K < kParallelGemmMacs || !GemmPanels<float>::blocked(M, N, K)) return s;
+  if (B >= 2)
+    s = {GemmSplit::kBatches, parallel::chunk_count(B, 1), B, 1};
+  else if (M >= N)
+    s = {GemmSplit::kRows, parallel::chunk_count(M, kMinBlock), M, kRowAlign};
+  else
+    s = {GemmSplit::kCols, parallel::chunk_count(N, kMinBlock), N, kColAlign};
+  if (s.chunks <= 1) s = GemmSplit{};
+  return s;
+}
+
+// out [B, M, N] (contiguous) = a @ b for f32/f64 matrices at pa/pb with batch steps and element strides.
+template <class T>
+void bmm_native(const T* pa, const T* pb, T* po, int64_t B, int64_t M, int64_t K, int64_t N, int64_t step_a,
+                int64_t step_b, int64_t sa1, int64_t sa2, int64_t sb1, int64_t sb2) {
+  const GemmSplit split = plan_gemm_split(B, M, K, N);
+  if (split.kind == GemmSplit::kSerial) {
+    PackBuffer<T> pack_a, pack_b;
+    GemmPanels<T> panels;
+    for (int64_t i = 0; i < B; ++i)
+      gemm<T>({pa + i * step_a, M, K, sa1, sa2}, {pb + i * step_b, K, N, sb1, sb2}, po + i * M * N, N, pack_a, pack_b,
+              panels);
+    return;
+  }
+  const auto chunks = static_cast<size_t>(split.chunks);
+  std::vector<PackBuffer<T>> pack_a(chunks), pack_b(chunks);
+  std::vector<GemmPanels<T>> panels(chunks);
+  if (split.kind == GemmSplit::kBatches) {
+    for (size_t c = 0; c < chunks; ++c) prepare_gemm<T>(M, K, N, sa1, sa2, sb1, sb2, pack_a[c], pack_b[c], panels[c]);
+    parallel::parallel_for(B, 1, 1, [&](int64_t c, int64_t b0, int64_t b1) {
+      const auto u = static_cast<size_t>(c);
+      for (int64_t i = b0; i < b1; ++i)
+        gemm<T>({pa + i * step_a, M, K, sa1, sa2}, {pb + i * step_b, K, N, sb1, sb2}, po + i * M * N, N, pack_a[u],
+                pack_b[u], panels[u]);
+    });
+    return;
+  }
+  // One product in row or column blocks: a strided operand is packed once, here, and shared by the blocks.
+  PackBuffer<T> shared_a, shared_b;
+  MatrixView<T> a{pa, M, K, sa1, sa2}, b{pb, K, N, sb1, sb2};
+  auto pack_once = [](MatrixView<T>& v, PackBuffer<T>& buf) {
+    if (!packs(v.rows, v.cols, v.rs, v.cs)) return;
+    T* dst = buf.get(v.rows * v.cols);
+    for (int64_t r = 0; r < v.rows; ++r)
+      for (int64_t q = 0; q < v.cols; ++q) dst[r * v.cols + q] = v.p[r * v.rs + q * v.cs];
+    v = {dst, v.rows, v.cols, v.cols, 1};
+  };
+  pack_once(a, shared_a);
+  pack_once(b, shared_b);
+  const bool rows = split.kind == GemmSplit::kRows;
+  for (size_t c = 0; c < chunks; ++c) {
+    const int64_t ext = split.begin(static_cast<int64_t>(c) + 1) - split.begin(static_cast<int64_t>(c));
+    if (ext > 0)
+      prepare_gemm<T>(rows ? ext : M, K, rows ? N : ext, a.rs, a.cs, b.rs, b.cs, pack_a[c], pack_b[c], panels[c]);
+  }
+  parallel::parallel_for(split.extent, kMinBlock, split.align, [&](int64_t c, int64_t lo, int64_t hi) {
+    const auto u = static_cast<size_t>(c);
+    if (rows)
+      gemm<T>({a.p + lo * a.rs, hi - lo, K, a.rs, a.cs}, b, po + lo * N, N, pack_a[u], pack_b[u], panels[u]);
+    else
+      gemm<T>(a, {b.p + lo * b.cs, K, hi - lo, b.rs, b.cs}, po + lo, N, pack_a[u], pack_b[u], panels[u]);
   });
 }
 
@@ -183,26 +295,20 @@ void bmm_typed(const Tensor& a, const Tensor& b, const Tensor& out) {
   // An empty operand (K == 0) may have no storage (null base): its batch offsets are never applied (nothing is read).
   const int64_t step_a = pa == nullptr ? 0 : sa0, step_b = pb == nullptr ? 0 : sb0;
   if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
-    PackBuffer<T> pack_a, pack_b;
-    GemmPanels<T> panels;
-    for (int64_t i = 0; i < B; ++i) {
-      gemm<T>({pa + i * step_a, M, K, sa1, sa2}, {pb + i * step_b, K, N, sb1, sb2}, po + i * M * N, pack_a, pack_b,
-              panels);
-    }
+    bmm_native<T>(pa, pb, po, B, M, K, N, step_a, step_b, sa1, sa2, sb1, sb2);
   } else {
-    // f32 staging: widened a [M, K], widened b [K, N] and the f32 product [M, N], in one workspace tensor.
+    // f32 staging: widened a [M, K], widened b [K, N] and the f32 product [M, N], in one workspace tensor; each
+    // batch is one f32 bmm_native call.
     const Tensor staging = empty({M * K + K * N + M * N}, TensorOptions(DType::f32, Device::cpu()));
     float* wa = static_cast<float*>(staging.raw_data());
     float* wb = wa + M * K;
     float* c = wb + K * N;
-    PackBuffer<float> unused_a, unused_b;  // the widened operands are contiguous: never packed
-    GemmPanels<float> panels;
-    const bool b_shared = sb0 == 0;        // a broadcast right operand is widened once
+    const bool b_shared = sb0 == 0;  // a broadcast right operand is widened once
     if (b_shared) widen(pb, K, N, sb1, sb2, wb);
     for (int64_t i = 0; i < B; ++i) {
       widen(pa + i * step_a, M, K, sa1, sa2, wa);
       if (!b_shared) widen(pb + i * step_b, K, N, sb1, sb2, wb);
-      gemm<float>({wa, M, K, K, 1}, {wb, K, N, N, 1}, c, unused_a, unused_b, panels);
+      bmm_native<float>(wa, wb, c, 1, M, K, N, 0, 0, K, 1, N, 1);
       T* dst = po + i * M * N;
       for (int64_t e = 0; e < M * N; ++e) dst[e] = T(c[e]);
     }
@@ -216,16 +322,10 @@ void bmm_kernel(const Tensor& a, const Tensor& b, const Tensor& out) {
 
 // ---- the same workspace on meta (Note [Meta kernels]) ---------------------------------------------------------------
 
-// True when with_eigen packs the operand (neither stride is unit).
-bool packs(int64_t rows, int64_t cols, int64_t rs, int64_t cs) {
-  return !(cs == 1 || cols == 1) && !(rs == 1 || rows == 1);
-}
-
-// What gemm takes on its first call, in gemm's order: a's packing, b's packing, then the two panels. Later calls of a
-// bmm reuse them; all are freed when the bmm returns, last-taken first.
+// What one gemm takes on its first call, in gemm's order: a's packing, b's packing, then the two panels.
 template <class T>
-void take_gemm_workspace(MetaWorkspace& ws, int64_t M, int64_t K, int64_t N, int64_t a_rs, int64_t a_cs,
-                         int64_t b_rs, int64_t b_cs) {
+void take_gemm_workspace(MetaWorkspace& ws, int64_t M, int64_t K, int64_t N, int64_t a_rs, int64_t a_cs, int64_t b_rs,
+                         int64_t b_cs) {
   if (K == 0) return;  // gemm zero-fills and returns
   if (packs(M, K, a_rs, a_cs)) ws.take(M * K, dtype_of_v<T>);
   if (packs(K, N, b_rs, b_cs)) ws.take(K * N, dtype_of_v<T>);
@@ -236,26 +336,58 @@ void take_gemm_workspace(MetaWorkspace& ws, int64_t M, int64_t K, int64_t N, int
   }
 }
 
+// bmm_native's workspace (Note [Parallel GEMM]): one gemm's when serial (later batches reuse it), else each chunk's
+// in chunk order, after the operands packed once for a split product. All of it is freed when the call returns.
+template <class T>
+void take_bmm_native_workspace(MetaWorkspace& ws, int64_t B, int64_t M, int64_t K, int64_t N, int64_t a_rs,
+                               int64_t a_cs, int64_t b_rs, int64_t b_cs) {
+  const GemmSplit split = plan_gemm_split(B, M, K, N);
+  if (split.kind == GemmSplit::kSerial) return take_gemm_workspace<T>(ws, M, K, N, a_rs, a_cs, b_rs, b_cs);
+  if (split.kind == GemmSplit::kBatches) {
+    for (int64_t c = 0; c < split.chunks; ++c) take_gemm_workspace<T>(ws, M, K, N, a_rs, a_cs, b_rs, b_cs);
+    return;
+  }
+  if (packs(M, K, a_rs, a_cs)) {
+    ws.take(M * K, dtype_of_v<T>);
+    a_rs = K, a_cs = 1;
+  }
+  if (packs(K, N, b_rs, b_cs)) {
+    ws.take(K * N, dtype_of_v<T>);
+    b_rs = N, b_cs = 1;
+  }
+  const bool rows = split.kind == GemmSplit::kRows;
+  for (int64_t c = 0; c < split.chunks; ++c) {
+    const int64_t ext = split.begin(c + 1) - split.begin(c);
+    if (ext > 0) take_gemm_workspace<T>(ws, rows ? ext : M, K, rows ? N : ext, a_rs, a_cs, b_rs, b_cs);
+  }
+}
+
 void bmm_meta_kernel(const Tensor& a, const Tensor& b, const Tensor& out) {
   if (out.numel() == 0) return;
-  replay_bmm_workspace(a.dtype(), a.size(1), a.size(2), b.size(2), a.stride(1), a.stride(2), b.stride(1), b.stride(2));
+  replay_bmm_workspace(a.dtype(), a.size(0), a.size(1), a.size(2), b.size(2), a.stride(1), a.stride(2), b.stride(1),
+                       b.stride(2));
 }
 
 }  // namespace
 
-void replay_bmm_workspace(DType dtype, int64_t M, int64_t K, int64_t N, int64_t a_rs, int64_t a_cs, int64_t b_rs,
-                          int64_t b_cs) {
+void replay_bmm_workspace(DType dtype, int64_t B, int64_t M, int64_t K, int64_t N, int64_t a_rs, int64_t a_cs,
+                          int64_t b_rs, int64_t b_cs) {
   MetaWorkspace ws;
   switch (dtype) {
-    case DType::f32: take_gemm_workspace<float>(ws, M, K, N, a_rs, a_cs, b_rs, b_cs); break;
-    case DType::f64: take_gemm_workspace<double>(ws, M, K, N, a_rs, a_cs, b_rs, b_cs); break;
+    case DType::f32:
+      take_bmm_native_workspace<float>(ws, B, M, K, N, a_rs, a_cs, b_rs, b_cs);
+      break;
+    case DType::f64:
+      take_bmm_native_workspace<double>(ws, B, M, K, N, a_rs, a_cs, b_rs, b_cs);
+      break;
     case DType::f16:
     case DType::bf16:
-      // bmm_typed's f32 staging, then the f32 gemm of the contiguous widened operands.
+      // bmm_typed's f32 staging, then one batch's bmm_native of the contiguous widened operands.
       ws.take(M * K + K * N + M * N, DType::f32);
-      take_gemm_workspace<float>(ws, M, K, N, K, 1, N, 1);
+      take_bmm_native_workspace<float>(ws, 1, M, K, N, K, 1, N, 1);
       break;
-    default: EMBER_THROW(DTypeError, "bmm: expects a floating dtype, got ", dtype_name(dtype));
+    default:
+      EMBER_THROW(DTypeError, "bmm: expects a floating dtype, got ", dtype_name(dtype));
   }
 }
 

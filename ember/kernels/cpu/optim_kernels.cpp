@@ -1,13 +1,17 @@
 // CPU kernels of the fused optimizer updates (sgd_step, adam_step): one pass over the contiguous parameter, its
 // gradient and its state, each element updated with the shared math of kernels/optim_math.h.
 // Invariant: every element is read once and written once; the front end (ops_optim.cpp) has checked the layout.
+// Elements are independent, so the pass is split over the CPU threads (core/parallel.h) with the same results.
 #include <type_traits>
 
+#include "ember/core/parallel.h"
 #include "ember/kernels/optim_math.h"
 #include "ember/kernels/stubs.h"
 
 namespace ember::kernels::cpu {
 namespace {
+
+constexpr int64_t kOptimGrain = int64_t{1} << 15;  // elements per chunk at least
 
 // State element type for a parameter of type T: double for f64, else float.
 template <class T>
@@ -22,16 +26,20 @@ void sgd_typed(const Tensor& param, const Tensor& grad, const Tensor& momentum_b
   T* p = static_cast<T*>(param.raw_data());
   const T* g = static_cast<const T*>(grad.raw_data());
   if (!c.use_momentum) {
-    M unused{};
-    for (int64_t i = 0; i < n; ++i) p[i] = T(sgd_update<M>(M(p[i]), M(g[i]), unused, c));
+    parallel::parallel_for(n, kOptimGrain, [&](int64_t lo, int64_t hi) {
+      M unused{};
+      for (int64_t i = lo; i < hi; ++i) p[i] = T(sgd_update<M>(M(p[i]), M(g[i]), unused, c));
+    });
     return;
   }
   S* b = static_cast<S*>(momentum_buf.raw_data());
-  for (int64_t i = 0; i < n; ++i) {
-    M buf = static_cast<M>(b[i]);
-    p[i] = T(sgd_update<M>(M(p[i]), M(g[i]), buf, c));
-    b[i] = static_cast<S>(buf);
-  }
+  parallel::parallel_for(n, kOptimGrain, [&](int64_t lo, int64_t hi) {
+    for (int64_t i = lo; i < hi; ++i) {
+      M buf = static_cast<M>(b[i]);
+      p[i] = T(sgd_update<M>(M(p[i]), M(g[i]), buf, c));
+      b[i] = static_cast<S>(buf);
+    }
+  });
 }
 
 template <class T>
@@ -45,12 +53,14 @@ void adam_typed(const Tensor& param, const Tensor& grad, const Tensor& exp_avg, 
   const T* g = static_cast<const T*>(grad.raw_data());
   S* m = static_cast<S*>(exp_avg.raw_data());
   S* v = static_cast<S*>(exp_avg_sq.raw_data());
-  for (int64_t i = 0; i < n; ++i) {
-    M mi = static_cast<M>(m[i]), vi = static_cast<M>(v[i]);
-    p[i] = T(adam_update<M>(M(p[i]), M(g[i]), mi, vi, c));
-    m[i] = static_cast<S>(mi);
-    v[i] = static_cast<S>(vi);
-  }
+  parallel::parallel_for(n, kOptimGrain, [&](int64_t lo, int64_t hi) {
+    for (int64_t i = lo; i < hi; ++i) {
+      M mi = static_cast<M>(m[i]), vi = static_cast<M>(v[i]);
+      p[i] = T(adam_update<M>(M(p[i]), M(g[i]), mi, vi, c));
+      m[i] = static_cast<S>(mi);
+      v[i] = static_cast<S>(vi);
+    }
+  });
 }
 
 void sgd_step_kernel(const Tensor& param, const Tensor& grad, const Tensor& momentum_buf, const SgdParams& p) {
@@ -59,8 +69,7 @@ void sgd_step_kernel(const Tensor& param, const Tensor& grad, const Tensor& mome
 
 void adam_step_kernel(const Tensor& param, const Tensor& grad, const Tensor& exp_avg, const Tensor& exp_avg_sq,
                       const AdamParams& p) {
-  EMBER_DISPATCH_FLOAT(param.dtype(), "adam_step_",
-                       [&] { adam_typed<scalar_t>(param, grad, exp_avg, exp_avg_sq, p); });
+  EMBER_DISPATCH_FLOAT(param.dtype(), "adam_step_", [&] { adam_typed<scalar_t>(param, grad, exp_avg, exp_avg_sq, p); });
 }
 
 }  // namespace

@@ -176,7 +176,7 @@ void weight_linear_meta_kernel(const Tensor& x, const Tensor& q, const Tensor& s
   if (x.dtype() == DType::f16 || x.dtype() == DType::bf16) ws.take(b.mb * k, acc);
   // The bmm calls: the first chunk, row block and K tile have the largest shapes; each call frees its workspace.
   // x's slice is row-major with row stride K; the tile's transpose is column-major with column stride kb.
-  replay_bmm_workspace(acc, b.mb, b.kb, b.nb, k, 1, 1, b.kb);
+  replay_bmm_workspace(acc, 1, b.mb, b.kb, b.nb, k, 1, 1, b.kb);
 }
 
 // ---- int8 x int8 linear ------------------------------------------------------------------------------------------------

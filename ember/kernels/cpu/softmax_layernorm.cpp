@@ -1,6 +1,7 @@
 // CPU softmax / log-softmax along any dim of any strides, and layer norm over the rows of an [rows, cols] view.
 // Softmax subtracts the row max before exponentiating (finite for any finite input); sums and layer-norm statistics
 // accumulate in double; layer norm uses the biased variance and rstd = 1 / sqrt(var + eps).
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <type_traits>
@@ -41,11 +42,13 @@ void softmax_typed(const Tensor& in, const Tensor& out, int64_t dim, bool log) {
   T* dst = static_cast<T*>(out.raw_data());
   Shape rows = in.sizes();
   rows[static_cast<size_t>(dim)] = 1;  // strided_loop skips size-1 dims, so it visits each row's first element
-  strided_loop<2>(rows, {&out.strides(), &in.strides()},
-                  [&](const std::array<int64_t, 2>& off, int64_t count, const std::array<int64_t, 2>& st) {
-                    for (int64_t r = 0; r < count; ++r)
-                      softmax_row(src + off[1] + r * st[1], s_in, dst + off[0] + r * st[0], s_out, n, log);
-                  });
+  strided_loop<2>(
+      rows, {&out.strides(), &in.strides()},
+      [&](const std::array<int64_t, 2>& off, int64_t count, const std::array<int64_t, 2>& st) {
+        for (int64_t r = 0; r < count; ++r)
+          softmax_row(src + off[1] + r * st[1], s_in, dst + off[0] + r * st[0], s_out, n, log);
+      },
+      std::max<int64_t>(1, kElementGrain / std::max<int64_t>(n, 1)));  // rows per chunk
 }
 
 void softmax_kernel(const Tensor& in, const Tensor& out, int64_t dim, bool log) {
@@ -66,35 +69,41 @@ void layer_norm_typed(const Tensor& x, const Tensor& weight, const Tensor& bias,
   P* po = static_cast<P*>(out.raw_data());
   S* pm = static_cast<S*>(mean.raw_data());
   S* pr = static_cast<S*>(rstd.raw_data());
-  for (int64_t r = 0; r < rows; ++r) {
-    const T* row = px + r * rs;
-    double s = 0.0;
-    for (int64_t j = 0; j < cols; ++j) s += static_cast<double>(static_cast<math_t>(row[j * cs]));
-    const double mu = s / static_cast<double>(cols);
-    double ss = 0.0;
-    for (int64_t j = 0; j < cols; ++j) {
-      const double d = static_cast<double>(static_cast<math_t>(row[j * cs])) - mu;
-      ss += d * d;
+  // Rows are independent: they are split over the CPU threads, each computed as serially.
+  const int64_t grain = std::max<int64_t>(1, kElementGrain / std::max<int64_t>(cols, 1));
+  parallel::parallel_for(rows, grain, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const T* row = px + r * rs;
+      double s = 0.0;
+      for (int64_t j = 0; j < cols; ++j) s += static_cast<double>(static_cast<math_t>(row[j * cs]));
+      const double mu = s / static_cast<double>(cols);
+      double ss = 0.0;
+      for (int64_t j = 0; j < cols; ++j) {
+        const double d = static_cast<double>(static_cast<math_t>(row[j * cs])) - mu;
+        ss += d * d;
+      }
+      const double inv = 1.0 / std::sqrt(ss / static_cast<double>(cols) + eps);
+      pm[r] = static_cast<S>(mu);
+      pr[r] = static_cast<S>(inv);
+      const math_t m = static_cast<math_t>(mu), k = static_cast<math_t>(inv);
+      P* y = po + r * cols;
+      for (int64_t j = 0; j < cols; ++j) {
+        math_t v = (static_cast<math_t>(row[j * cs]) - m) * k;
+        if (pw) v *= static_cast<math_t>(pw[j * ws]);
+        if (pb) v += static_cast<math_t>(pb[j * bs]);
+        y[j] = P(v);
+      }
     }
-    const double inv = 1.0 / std::sqrt(ss / static_cast<double>(cols) + eps);
-    pm[r] = static_cast<S>(mu);
-    pr[r] = static_cast<S>(inv);
-    const math_t m = static_cast<math_t>(mu), k = static_cast<math_t>(inv);
-    P* y = po + r * cols;
-    for (int64_t j = 0; j < cols; ++j) {
-      math_t v = (static_cast<math_t>(row[j * cs]) - m) * k;
-      if (pw) v *= static_cast<math_t>(pw[j * ws]);
-      if (pb) v += static_cast<math_t>(pb[j * bs]);
-      y[j] = P(v);
-    }
-  }
+  });
 }
 
 void layer_norm_kernel(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps, const Tensor& out,
                        const Tensor& mean, const Tensor& rstd) {
   if (out.dtype() != x.dtype()) {  // mixed: f16/bf16 x, f32 weight/bias/out (ops_norm.cpp checks the pairing)
-    if (x.dtype() == DType::f16) layer_norm_typed<Half, float, float>(x, weight, bias, eps, out, mean, rstd);
-    else layer_norm_typed<BFloat16, float, float>(x, weight, bias, eps, out, mean, rstd);
+    if (x.dtype() == DType::f16)
+      layer_norm_typed<Half, float, float>(x, weight, bias, eps, out, mean, rstd);
+    else
+      layer_norm_typed<BFloat16, float, float>(x, weight, bias, eps, out, mean, rstd);
     return;
   }
   EMBER_DISPATCH_FLOAT(x.dtype(), "layer_norm", [&] {
