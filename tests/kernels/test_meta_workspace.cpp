@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "ember/core/meta_scope.h"
+#include "ember/core/parallel.h"
 #include "ember/memory/cpu_allocator.h"
 #include "tests/harness/op_harness.h"
 
@@ -65,6 +66,31 @@ TEST(MetaWorkspace, BmmPanelsPackingAndStaging) {
   expect_same_peak("matmul of a batch by a broadcast weight", [](Device d) {
     return std::vector<Tensor>{input({4, 16, 128}, DType::f32, d), input({256, 128}, DType::f32, d)};
   }, [](const std::vector<Tensor>& in) { return ops::matmul(in[0], in[1].t()); });
+}
+
+// Products split over threads (Note [Parallel GEMM]) take workspace per chunk; the replay must count each chunk's.
+TEST(MetaWorkspace, BmmSplitOverThreads) {
+  const int prev = get_num_threads();
+  const Op bmm = [](const std::vector<Tensor>& in) { return ops::bmm(in[0], in[1]); };
+  for (int threads : {1, 2, 3}) {
+    set_num_threads(threads);
+    SCOPED_TRACE(threads);
+    for (DType dt : {DType::f32, DType::f16}) {
+      SCOPED_TRACE(dtype_name(dt));
+      expect_same_peak("row blocks", [dt](Device d) {
+        return std::vector<Tensor>{input({1, 300, 200}, dt, d), input({1, 200, 90}, dt, d)};
+      }, bmm);
+      expect_same_peak("column blocks of packed operands", [dt](Device d) {
+        return std::vector<Tensor>{input({1, 100, 400}, dt, d).slice(2, 0, 400, 2),
+                                   input({1, 400, 600}, dt, d).slice(1, 0, 400, 2).slice(2, 0, 600, 2).transpose(1, 2)
+                                       .transpose(1, 2)};
+      }, bmm);
+      expect_same_peak("batches", [dt](Device d) {
+        return std::vector<Tensor>{input({5, 64, 48}, dt, d), input({5, 48, 64}, dt, d)};
+      }, bmm);
+    }
+  }
+  set_num_threads(prev);
 }
 
 TEST(MetaWorkspace, Conv2dForwardAndBackward) {

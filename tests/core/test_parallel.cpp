@@ -1,0 +1,137 @@
+// parallel_for (core/parallel.h): every index of [0, n) is visited exactly once, chunks follow Note [Parallel chunks]
+// (count, boundaries, alignment) for any thread count, nested calls run serially, an exception from a chunk reaches
+// the caller after every chunk has finished, and two user threads can use the pool at once. References are the
+// hand-computed chunk boundaries and plain counting.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <atomic>
+#include <mutex>
+#include <stdexcept>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "ember/base/error.h"
+#include "ember/core/parallel.h"
+
+namespace ember {
+namespace {
+
+// Restores the thread count a test changed.
+class ThreadCount {
+ public:
+  explicit ThreadCount(int n) : prev_(get_num_threads()) { set_num_threads(n); }
+  ~ThreadCount() { set_num_threads(prev_); }
+  ThreadCount(const ThreadCount&) = delete;
+  ThreadCount& operator=(const ThreadCount&) = delete;
+
+ private:
+  int prev_;
+};
+
+TEST(Parallel, EveryIndexOnceForAnyThreadCountGrainAndAlignment) {
+  for (int threads : {1, 2, 3, 8}) {
+    ThreadCount tc(threads);
+    for (int64_t n : {1, 7, 100, 1000, 12345}) {
+      for (int64_t grain : {1, 16, 1000}) {
+        for (int64_t align : {1, 8, 48}) {
+          SCOPED_TRACE(::testing::Message()
+                       << "threads " << threads << " n " << n << " grain " << grain << " align " << align);
+          std::vector<std::atomic<int>> hits(static_cast<size_t>(n));
+          std::vector<int64_t> seen_chunks;
+          std::mutex m;
+          parallel::parallel_for(n, grain, align, [&](int64_t c, int64_t b, int64_t e) {
+            ASSERT_LT(b, e);
+            for (int64_t i = b; i < e; ++i) hits[static_cast<size_t>(i)].fetch_add(1);
+            std::lock_guard<std::mutex> lk(m);
+            seen_chunks.push_back(c);
+          });
+          for (int64_t i = 0; i < n; ++i) ASSERT_EQ(hits[static_cast<size_t>(i)].load(), 1) << "index " << i;
+          const int64_t c = parallel::chunk_count(n, grain);
+          EXPECT_EQ(c, std::clamp<int64_t>(n / grain, 1, threads));
+          EXPECT_LE(static_cast<int64_t>(seen_chunks.size()), c);
+        }
+      }
+    }
+  }
+}
+
+TEST(Parallel, ChunkBoundariesAreFixedByTheSizes) {
+  // chunk_begin(i) = floor(i * n / c) rounded down to a multiple of align; chunk c begins at n.
+  EXPECT_EQ(parallel::chunk_begin(0, 3, 100, 1), 0);
+  EXPECT_EQ(parallel::chunk_begin(1, 3, 100, 1), 33);
+  EXPECT_EQ(parallel::chunk_begin(2, 3, 100, 1), 66);
+  EXPECT_EQ(parallel::chunk_begin(3, 3, 100, 1), 100);
+  EXPECT_EQ(parallel::chunk_begin(1, 2, 1000, 48), 480);  // 500 rounded down to 48 * 10
+  EXPECT_EQ(parallel::chunk_begin(1, 2, 90, 48), 0);      // 45 -> 0: chunk 0 is empty, chunk 1 takes all
+  ThreadCount tc(2);
+  std::vector<std::pair<int64_t, int64_t>> ranges(2, {-1, -1});
+  parallel::parallel_for(1000, 48, 48, [&](int64_t c, int64_t b, int64_t e) {
+    ranges[static_cast<size_t>(c)] = {b, e};
+  });
+  EXPECT_EQ(ranges[0], std::make_pair(int64_t{0}, int64_t{480}));
+  EXPECT_EQ(ranges[1], std::make_pair(int64_t{480}, int64_t{1000}));
+}
+
+TEST(Parallel, NestedCallsRunSeriallyInsideAChunk) {
+  ThreadCount tc(4);
+  std::atomic<int64_t> total{0};
+  std::atomic<bool> nested_split{false};
+  parallel::parallel_for(4, 1, [&](int64_t b, int64_t e) {
+    EXPECT_TRUE(parallel::in_parallel_region());
+    for (int64_t i = b; i < e; ++i) {
+      if (parallel::chunk_count(1000, 1) != 1) nested_split = true;
+      parallel::parallel_for(1000, 1, [&](int64_t nb, int64_t ne) {
+        if (nb != 0 || ne != 1000) nested_split = true;
+        total += ne - nb;
+      });
+    }
+  });
+  EXPECT_FALSE(nested_split.load());
+  EXPECT_EQ(total.load(), 4000);
+  EXPECT_FALSE(parallel::in_parallel_region());
+}
+
+TEST(Parallel, AnExceptionReachesTheCallerAfterEveryChunk) {
+  ThreadCount tc(3);
+  std::atomic<int> finished{0};
+  EXPECT_THROW(parallel::parallel_for(3, 1,
+                                      [&](int64_t b, int64_t) {
+                                        if (b == 1) throw std::runtime_error("chunk 1 failed");
+                                        finished.fetch_add(1);
+                                      }),
+               std::runtime_error);
+  EXPECT_EQ(finished.load(), 2);
+  // The pool still works afterwards.
+  std::atomic<int64_t> sum{0};
+  parallel::parallel_for(300, 1, [&](int64_t b, int64_t e) { sum += e - b; });
+  EXPECT_EQ(sum.load(), 300);
+}
+
+TEST(Parallel, TwoUserThreadsShareThePool) {
+  ThreadCount tc(2);
+  auto work = [](std::atomic<int64_t>& sum) {
+    for (int rep = 0; rep < 200; ++rep) parallel::parallel_for(10000, 100, [&](int64_t b, int64_t e) { sum += e - b; });
+  };
+  std::atomic<int64_t> s1{0}, s2{0};
+  std::thread t1(work, std::ref(s1)), t2(work, std::ref(s2));
+  t1.join();
+  t2.join();
+  EXPECT_EQ(s1.load(), 200 * 10000);
+  EXPECT_EQ(s2.load(), 200 * 10000);
+}
+
+TEST(Parallel, BadThreadCountsAreConfigErrors) {
+  const int before = get_num_threads();
+  EXPECT_THROW(set_num_threads(0), ConfigError);
+  EXPECT_THROW(set_num_threads(-3), ConfigError);
+  EXPECT_THROW(set_num_threads(100000), ConfigError);
+  EXPECT_EQ(get_num_threads(), before);
+  ThreadCount tc(1);
+  EXPECT_EQ(get_num_threads(), 1);
+  EXPECT_EQ(parallel::chunk_count(1 << 20, 1), 1);
+}
+
+}  // namespace
+}  // namespace ember

@@ -1,0 +1,142 @@
+// CPU kernels split over threads (Note [Parallel chunks] in core/parallel.h, Note [Parallel GEMM] in matmul.cpp) give
+// the same bits for 1, 2 and 3 threads — the invariant that keeps every reference test, resume and estimator check
+// valid whatever the machine — and a split product still matches a float64 reference. Shapes are chosen so that
+// each path really splits: GEMM row blocks, column blocks, batches, packed operands, tails that are not multiples of
+// Eigen's register panels; element-wise loops with broadcast and strided operands; softmax and layer-norm rows; the
+// fused optimizer steps; conv2d forward and backward.
+#include <cstring>
+#include <functional>
+#include <vector>
+
+#include "ember/core/parallel.h"
+#include "tests/harness/op_harness.h"
+
+namespace ember::testing {
+namespace {
+
+class ThreadCount {
+ public:
+  explicit ThreadCount(int n) : prev_(get_num_threads()) { set_num_threads(n); }
+  ~ThreadCount() { set_num_threads(prev_); }
+  ThreadCount(const ThreadCount&) = delete;
+  ThreadCount& operator=(const ThreadCount&) = delete;
+
+ private:
+  int prev_;
+};
+
+bool same_bits(const Tensor& a, const Tensor& b) {
+  if (a.dtype() != b.dtype() || a.sizes() != b.sizes()) return false;
+  const Tensor ca = a.contiguous(), cb = b.contiguous();
+  return std::memcmp(ca.raw_data(), cb.raw_data(), static_cast<size_t>(ca.nbytes())) == 0;
+}
+
+// Runs f with 1, 2 and 3 threads and expects every output to have the same bits as with one thread.
+void expect_thread_count_invariant(const char* what, const std::function<std::vector<Tensor>()>& f) {
+  SCOPED_TRACE(what);
+  std::vector<Tensor> ref;
+  {
+    ThreadCount tc(1);
+    ref = f();
+  }
+  for (int threads : {2, 3}) {
+    ThreadCount tc(threads);
+    const std::vector<Tensor> got = f();
+    ASSERT_EQ(got.size(), ref.size());
+    for (size_t i = 0; i < got.size(); ++i)
+      EXPECT_TRUE(same_bits(got[i], ref[i])) << "output " << i << ", " << threads << " threads";
+  }
+}
+
+TEST(ParallelKernels, GemmSplitsGiveTheSameBitsAsOneThread) {
+  struct Case {
+    const char* what;
+    Shape a, b;
+    bool transpose_a, transpose_b;
+  };
+  const std::vector<Case> cases = {
+      {"row blocks (M >= N)", {301, 200}, {200, 97}, false, false},
+      {"column blocks (N > M)", {97, 200}, {200, 1003}, false, false},
+      {"column blocks, transposed right operand", {64, 288}, {577, 288}, false, true},
+      {"row blocks, transposed left operand", {784, 256}, {784, 130}, true, false},
+      {"batches", {6, 70, 33}, {6, 33, 71}, false, false},
+      {"batches with a broadcast right operand", {5, 64, 64}, {64, 100}, false, false},
+  };
+  for (DType dt : {DType::f32, DType::f64, DType::bf16}) {
+    for (const Case& c : cases) {
+      SCOPED_TRACE(dtype_name(dt));
+      Tensor a = rand_input(c.a).to(dt), b = rand_input(c.b).to(dt);
+      if (c.transpose_a) a = a.transpose(-1, -2);
+      if (c.transpose_b) b = b.transpose(-1, -2);
+      expect_thread_count_invariant(c.what, [&] { return std::vector<Tensor>{ops::matmul(a, b)}; });
+    }
+  }
+  // Both operands strided (no unit stride): packed once, then split.
+  const Tensor a = rand_input({400, 2, 300}).select(1, 0), b = rand_input({300, 3, 200}).select(1, 1);
+  expect_thread_count_invariant("both operands packed", [&] { return std::vector<Tensor>{ops::matmul(a, b)}; });
+}
+
+TEST(ParallelKernels, SplitGemmMatchesAFloat64Reference) {
+  ThreadCount tc(3);
+  const Tensor a = rand_input({150, 77}), b = rand_input({77, 500});
+  const Tensor got = ops::matmul(a, b).to(DType::f64);
+  const Tensor want = ops::matmul(a.to(DType::f64), b.to(DType::f64));
+  const std::vector<double> g = got.to_vector<double>(), w = want.to_vector<double>();
+  for (size_t i = 0; i < g.size(); ++i) ASSERT_NEAR(g[i], w[i], 1e-5 * (1.0 + std::abs(w[i]))) << "element " << i;
+}
+
+TEST(ParallelKernels, ElementwiseSoftmaxLayerNormAndDropout) {
+  const Tensor x = rand_input({300, 1000}).to(DType::f32), row = rand_input({1000}).to(DType::f32);
+  const Tensor col = rand_input({300, 1});                                   // f64: mixed dtypes promote
+  const Tensor xt = rand_input({1000, 300}).to(DType::f32).transpose(0, 1);  // strided operand
+  expect_thread_count_invariant("binary with broadcast", [&] {
+    return std::vector<Tensor>{ops::add(x, row), ops::mul(x, col), ops::sub(x, xt), ops::div(xt, row)};
+  });
+  expect_thread_count_invariant("unary", [&] {
+    return std::vector<Tensor>{ops::gelu(x), ops::exp(xt), ops::tanh(x), ops::relu(xt)};
+  });
+  expect_thread_count_invariant("softmax along the last and the first dim", [&] {
+    return std::vector<Tensor>{ops::softmax(x, -1), ops::log_softmax(x, 0), ops::softmax(xt, 1)};
+  });
+  const Tensor w = rand_input({1000}).to(DType::f32), bias = rand_input({1000}).to(DType::f32);
+  expect_thread_count_invariant("layer norm", [&] {
+    return std::vector<Tensor>{ops::layer_norm(x, {1000}, w, bias), ops::layer_norm(xt, {1000})};
+  });
+  expect_thread_count_invariant("dropout", [&] {
+    manual_seed(7);
+    return std::vector<Tensor>{ops::dropout(x, 0.3)};
+  });
+}
+
+TEST(ParallelKernels, OptimizerStepsSplitOverThreads) {
+  const Tensor p0 = rand_input({300000}).to(DType::f32), g = rand_input({300000}).to(DType::f32),
+               m0 = rand_input({300000}).to(DType::f32), v0 = rand_input({300000}, 0.0, 1.0).to(DType::f32);
+  expect_thread_count_invariant("adamw and sgd", [&] {
+    const Tensor p = p0.clone(), m = m0.clone(), v = v0.clone(), q = p0.clone(), buf = m0.clone();
+    AdamParams ap;
+    ap.decoupled = true;
+    ap.weight_decay = 0.1;
+    ap.step = 3;
+    ops::adam_step_(p, g, m, v, ap);
+    SgdParams sp;
+    sp.momentum = 0.9;
+    ops::sgd_step_(q, g, buf, sp);
+    return std::vector<Tensor>{p, m, v, q, buf};
+  });
+}
+
+TEST(ParallelKernels, Conv2dForwardAndBackward) {
+  const Tensor x = rand_input({8, 16, 20, 20}).to(DType::f32), w = rand_input({32, 16, 3, 3}).to(DType::f32),
+               b = rand_input({32}).to(DType::f32);
+  Conv2dParams p;
+  p.padding[0] = p.padding[1] = 1;
+  expect_thread_count_invariant("conv2d", [&] {
+    const Tensor y = ops::conv2d(x, w, b, p);
+    const Tensor gy = ops::mul(y, 0.5);
+    return std::vector<Tensor>{y, ops::conv2d_backward_input(gy, w, x.sizes(), p),
+                               ops::conv2d_backward_weight(gy, x, w.sizes(), p)};
+  });
+}
+
+}  // namespace
+}  // namespace ember::testing
