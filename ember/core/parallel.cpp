@@ -71,6 +71,8 @@ struct Job {
 
 class Pool {
  public:
+  static constexpr int kSpins = 2048;
+
   explicit Pool(int workers) {
     threads_.reserve(static_cast<size_t>(workers));
     for (int i = 0; i < workers; ++i) threads_.emplace_back([this] { loop(); });
@@ -108,10 +110,12 @@ class Pool {
   void loop() {
     uint64_t seen = 0;
     for (;;) {
-      // Spin briefly for the next job before sleeping: kernels are posted back to back.
-      for (int spin = 0; spin < 4000 && generation_.load(std::memory_order_acquire) == seen; ++spin) {
+      // Spin briefly for the next job before sleeping, since kernels are posted back to back; yield while spinning
+      // so that an oversubscribed machine (several processes, each with its pool) still runs the other threads.
+      for (int spin = 0; spin < kSpins && generation_.load(std::memory_order_acquire) == seen; ++spin) {
+        if (spin % 16 == 15) std::this_thread::yield();
 #if defined(__x86_64__) || defined(__i386__)
-        __builtin_ia32_pause();
+        else __builtin_ia32_pause();
 #endif
       }
       Job* job = nullptr;

@@ -108,6 +108,25 @@ TEST(ParallelKernels, ElementwiseSoftmaxLayerNormAndDropout) {
   });
 }
 
+TEST(ParallelKernels, ReductionsSplitOverOutputs) {
+  const Tensor x = rand_input({64, 32, 12, 12}).to(DType::f32);
+  expect_thread_count_invariant("sum, mean, var, amax, argmax over kept outputs", [&] {
+    return std::vector<Tensor>{ops::sum(x, {0, 2, 3}), ops::mean(x, {1}), ops::var(x, {3}), ops::amax(x, {0}),
+                               ops::argmax(x, 2), ops::sum(x.transpose(1, 3), {3})};
+  });
+}
+
+TEST(ParallelKernels, MaxPoolFastPathAndGeneralPath) {
+  const Tensor x = rand_input({16, 32, 24, 24}).to(DType::f32);
+  Pool2dParams two;  // 2x2, stride 2: the fast path
+  Pool2dParams three;
+  three.kernel[0] = three.kernel[1] = 3;
+  three.padding[0] = three.padding[1] = 1;
+  expect_thread_count_invariant("max_pool2d", [&] {
+    return std::vector<Tensor>{ops::max_pool2d(x, two), ops::max_pool2d(x, three), ops::avg_pool2d(x, three)};
+  });
+}
+
 TEST(ParallelKernels, OptimizerStepsSplitOverThreads) {
   const Tensor p0 = rand_input({300000}).to(DType::f32), g = rand_input({300000}).to(DType::f32),
                m0 = rand_input({300000}).to(DType::f32), v0 = rand_input({300000}, 0.0, 1.0).to(DType::f32);

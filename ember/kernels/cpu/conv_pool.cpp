@@ -6,6 +6,7 @@
 #include <limits>
 #include <type_traits>
 
+#include "ember/core/parallel.h"
 #include "ember/kernels/cpu/loops.h"
 #include "ember/kernels/cpu/meta_workspace.h"
 #include "ember/kernels/stubs.h"
@@ -24,8 +25,7 @@ namespace {
 // Meta entry that takes the same on meta (Note [Meta kernels] in kernels/stubs.h): change the two together.
 
 template <class scalar_t>
-void conv2d_typed(const Tensor& x, const Tensor& weight, const Tensor& bias, const Conv2dParams& p,
-                  const Tensor& out) {
+void conv2d_typed(const Tensor& x, const Tensor& weight, const Tensor& bias, const Conv2dParams& p, const Tensor& out) {
   using acc_t = op_math_t<scalar_t>;
   constexpr bool kWiden = !std::is_same_v<acc_t, scalar_t>;
   const TensorOptions acc_opts(dtype_of_v<acc_t>, Device::cpu());
@@ -60,43 +60,47 @@ void conv2d_typed(const Tensor& x, const Tensor& weight, const Tensor& bias, con
   const scalar_t* xp = static_cast<const scalar_t*>(x.raw_data());
   const int64_t xs0 = x.stride(0), xs1 = x.stride(1), xs2 = x.stride(2), xs3 = x.stride(3);
   scalar_t* op = static_cast<scalar_t*>(out.raw_data());
-  const Tensor col = empty({1, k, plane}, acc_opts);                         // im2col of one (image, group)
+  const Tensor col = empty({1, k, plane}, acc_opts);                       // im2col of one (image, group)
   const Tensor res = kWiden ? empty({1, og, plane}, acc_opts) : Tensor();  // f32 product before rounding
   acc_t* col_data = static_cast<acc_t*>(col.raw_data());
   const BmmFn gemm = bmm_stub.get(DeviceType::CPU);
+  const int64_t channel_grain = std::max<int64_t>(1, kElementGrain / std::max<int64_t>(1, kh * kw * plane));
 
   for (int64_t n = 0; n < n_img; ++n) {
     for (int64_t g = 0; g < groups; ++g) {
-      // im2col: row (c, i, j), column (y, z) holds x[n, g*cg + c, y*sh - ph + i*dh, z*sw - pw + j*dw] or 0.
-      for (int64_t c = 0; c < cg; ++c) {
-        const scalar_t* xc = xp + n * xs0 + (g * cg + c) * xs1;
-        for (int64_t i = 0; i < kh; ++i)
-          for (int64_t j = 0; j < kw; ++j) {
-            acc_t* row = col_data + ((c * kh + i) * kw + j) * plane;
-            // Columns [zr.lo, zr.hi) read x (ix = z * sw + off), the rest are padding: no bounds test per element.
-            const int64_t off = j * dw - pw, step = sw * xs3;
-            const TapRange zr = tap_range(off, sw, w, ow);
-            for (int64_t y = 0; y < oh; ++y) {
-              const int64_t iy = y * sh - ph + i * dh;
-              acc_t* dst = row + y * ow;
-              if (iy < 0 || iy >= h) {
-                std::fill(dst, dst + ow, acc_t(0));
-                continue;
-              }
-              std::fill(dst, dst + zr.lo, acc_t(0));
-              std::fill(dst + zr.hi, dst + ow, acc_t(0));
-              if (zr.lo == zr.hi) continue;
-              const scalar_t* src = xc + iy * xs2 + (zr.lo * sw + off) * xs3;
-              acc_t* d = dst + zr.lo;
-              const int64_t cnt = zr.hi - zr.lo;
-              if (step == 1) {
-                for (int64_t t = 0; t < cnt; ++t) d[t] = static_cast<acc_t>(src[t]);
-              } else {
-                for (int64_t t = 0; t < cnt; ++t) d[t] = static_cast<acc_t>(src[t * step]);
+      // im2col: row (c, i, j), column (y, z) holds x[n, g*cg + c, y*sh - ph + i*dh, z*sw - pw + j*dw] or 0. Channels
+      // own their rows, so they are split over the CPU threads.
+      parallel::parallel_for(cg, channel_grain, [&](int64_t c_lo, int64_t c_hi) {
+        for (int64_t c = c_lo; c < c_hi; ++c) {
+          const scalar_t* xc = xp + n * xs0 + (g * cg + c) * xs1;
+          for (int64_t i = 0; i < kh; ++i)
+            for (int64_t j = 0; j < kw; ++j) {
+              acc_t* row = col_data + ((c * kh + i) * kw + j) * plane;
+              // Columns [zr.lo, zr.hi) read x (ix = z * sw + off), the rest are padding: no bounds test per element.
+              const int64_t off = j * dw - pw, step = sw * xs3;
+              const TapRange zr = tap_range(off, sw, w, ow);
+              for (int64_t y = 0; y < oh; ++y) {
+                const int64_t iy = y * sh - ph + i * dh;
+                acc_t* dst = row + y * ow;
+                if (iy < 0 || iy >= h) {
+                  std::fill(dst, dst + ow, acc_t(0));
+                  continue;
+                }
+                std::fill(dst, dst + zr.lo, acc_t(0));
+                std::fill(dst + zr.hi, dst + ow, acc_t(0));
+                if (zr.lo == zr.hi) continue;
+                const scalar_t* src = xc + iy * xs2 + (zr.lo * sw + off) * xs3;
+                acc_t* d = dst + zr.lo;
+                const int64_t cnt = zr.hi - zr.lo;
+                if (step == 1) {
+                  for (int64_t t = 0; t < cnt; ++t) d[t] = static_cast<acc_t>(src[t]);
+                } else {
+                  for (int64_t t = 0; t < cnt; ++t) d[t] = static_cast<acc_t>(src[t * step]);
+                }
               }
             }
-          }
-      }
+        }
+      });
       // [og, plane] = weight rows of group g [og, K] @ col [K, plane], straight into out when no rounding is needed.
       const Tensor w_g = wmat.narrow(0, g * og, og).unsqueeze(0);
       scalar_t* out_g = op + (n * o + g * og) * plane;
@@ -124,14 +128,36 @@ void conv2d_kernel(const Tensor& x, const Tensor& weight, const Tensor& bias, co
   EMBER_DISPATCH_FLOAT(x.dtype(), "conv2d", [&] { conv2d_typed<scalar_t>(x, weight, bias, p, out); });
 }
 
-// Calls f(plane_in, plane_out_offset) for every (n, c) plane of x [N, C, H, W] and the contiguous out.
+// Calls f(plane_in, plane_out_offset) for every (n, c) plane of x [N, C, H, W] and the contiguous out. Planes are
+// independent, so they are split over the CPU threads (f writes only its own plane and allocates nothing).
 template <class scalar_t, class F>
 void for_each_plane(const Tensor& x, const Tensor& out, F&& f) {
   const scalar_t* xp = static_cast<const scalar_t*>(x.raw_data());
-  const int64_t plane_out = out.size(2) * out.size(3);
-  for (int64_t n = 0; n < x.size(0); ++n)
-    for (int64_t c = 0; c < x.size(1); ++c)
-      f(xp + n * x.stride(0) + c * x.stride(1), (n * x.size(1) + c) * plane_out);
+  const int64_t channels = x.size(1), plane_out = out.size(2) * out.size(3);
+  const int64_t xs0 = x.stride(0), xs1 = x.stride(1);
+  const int64_t per_plane = std::max<int64_t>(1, x.size(2) * x.size(3));
+  parallel::parallel_for(x.size(0) * channels, std::max<int64_t>(1, kElementGrain / per_plane),
+                         [&](int64_t lo, int64_t hi) {
+                           for (int64_t i = lo; i < hi; ++i)
+                             f(xp + (i / channels) * xs0 + (i % channels) * xs1, i * plane_out);
+                         });
+}
+
+// Max over one window of a 2x2 max pool with stride 2 and no padding, in max_pool2d_kernel's order (row by row,
+// NaN wins, the last NaN's index), for an input row pair at r0 / r0 + rs with unit column stride.
+template <class acc_t, class scalar_t>
+inline void max2x2(const scalar_t* r0, int64_t rs, int64_t z, int64_t w, int64_t y2, acc_t& best, int64_t& idx) {
+  const scalar_t* a = r0 + 2 * z;
+  const acc_t v[4] = {static_cast<acc_t>(a[0]), static_cast<acc_t>(a[1]), static_cast<acc_t>(a[rs]),
+                      static_cast<acc_t>(a[rs + 1])};
+  const int64_t at[4] = {y2 * w + 2 * z, y2 * w + 2 * z + 1, (y2 + 1) * w + 2 * z, (y2 + 1) * w + 2 * z + 1};
+  best = v[0];
+  idx = at[0];
+  for (int k = 1; k < 4; ++k)
+    if (v[k] > best || std::isnan(v[k])) {
+      best = v[k];
+      idx = at[k];
+    }
 }
 
 void max_pool2d_kernel(const Tensor& x, const Pool2dParams& p, const Tensor& out, const Tensor& indices) {
@@ -141,7 +167,25 @@ void max_pool2d_kernel(const Tensor& x, const Pool2dParams& p, const Tensor& out
     const int64_t xs2 = x.stride(2), xs3 = x.stride(3);
     scalar_t* op = static_cast<scalar_t*>(out.raw_data());
     int64_t* ip = indices.defined() ? static_cast<int64_t*>(indices.raw_data()) : nullptr;
+    // The 2x2 / stride 2 / no padding pool of most CNNs over unit-stride rows: windows without bounds arithmetic.
+    const bool two_by_two = p.kernel[0] == 2 && p.kernel[1] == 2 && p.stride[0] == 2 && p.stride[1] == 2 &&
+                            p.padding[0] == 0 && p.padding[1] == 0 && xs3 == 1 && 2 * oh <= h && 2 * ow <= w;
     for_each_plane<scalar_t>(x, out, [&](const scalar_t* xc, int64_t base) {
+      if (two_by_two) {
+        for (int64_t y = 0; y < oh; ++y) {
+          const scalar_t* r0 = xc + 2 * y * xs2;
+          scalar_t* orow = op + base + y * ow;
+          int64_t* irow = ip ? ip + base + y * ow : nullptr;
+          for (int64_t z = 0; z < ow; ++z) {
+            acc_t best;
+            int64_t idx;
+            max2x2<acc_t>(r0, xs2, z, w, 2 * y, best, idx);
+            orow[z] = scalar_t(best);
+            if (irow) irow[z] = idx;
+          }
+        }
+        return;
+      }
       for (int64_t y = 0; y < oh; ++y) {
         const int64_t y0 = y * p.stride[0] - p.padding[0];
         const int64_t ya = std::max<int64_t>(y0, 0), yb = std::min<int64_t>(y0 + p.kernel[0], h);

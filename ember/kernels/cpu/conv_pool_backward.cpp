@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <type_traits>
 
+#include "ember/core/parallel.h"
 #include "ember/kernels/cpu/loops.h"
 #include "ember/kernels/cpu/meta_workspace.h"
 #include "ember/kernels/stubs.h"
@@ -16,18 +17,29 @@ namespace {
 struct ConvGeometry {
   int64_t n_img, c, h, w, o, cg, kh, kw, oh, ow, groups, og, k, plane;
   ConvGeometry(const Tensor& x, const Tensor& weight, const Tensor& grad_out, const Conv2dParams& p)
-      : n_img(x.size(0)), c(x.size(1)), h(x.size(2)), w(x.size(3)), o(weight.size(0)), cg(weight.size(1)),
-        kh(weight.size(2)), kw(weight.size(3)), oh(grad_out.size(2)), ow(grad_out.size(3)), groups(p.groups),
-        og(o / p.groups), k(cg * kh * kw), plane(grad_out.size(2) * grad_out.size(3)) {}
+      : n_img(x.size(0)),
+        c(x.size(1)),
+        h(x.size(2)),
+        w(x.size(3)),
+        o(weight.size(0)),
+        cg(weight.size(1)),
+        kh(weight.size(2)),
+        kw(weight.size(3)),
+        oh(grad_out.size(2)),
+        ow(grad_out.size(3)),
+        groups(p.groups),
+        og(o / p.groups),
+        k(cg * kh * kw),
+        plane(grad_out.size(2) * grad_out.size(3)) {}
 };
 
 // Calls f(row, c, q0, iy, ix0, n) for every run of the im2col matrix of one (image, group) that reads the input (not
 // the zero padding): row = (c, i, j) of the [K, OH*OW] column matrix, columns q0 .. q0+n-1 (one output row y) read
 // input elements (c, iy, ix0 + t * stride[1]) for t < n. The runs' bounds come from tap_range (loops.h), so the
-// callers' inner loops carry no bounds test.
+// callers' inner loops carry no bounds test. Only channels [c_begin, c_end) are visited.
 template <class F>
-void for_each_tap_run(const ConvGeometry& g, const Conv2dParams& p, F&& f) {
-  for (int64_t c = 0; c < g.cg; ++c)
+void for_each_tap_run(const ConvGeometry& g, const Conv2dParams& p, int64_t c_begin, int64_t c_end, F&& f) {
+  for (int64_t c = c_begin; c < c_end; ++c)
     for (int64_t i = 0; i < g.kh; ++i)
       for (int64_t j = 0; j < g.kw; ++j) {
         const int64_t row = (c * g.kh + i) * g.kw + j;
@@ -50,12 +62,12 @@ void conv2d_backward_typed(const Tensor& grad_out, const Tensor& x, const Tensor
   const TensorOptions acc_opts(dtype_of_v<acc_t>, Device::cpu());
   const ConvGeometry g(x, weight, grad_out, p);
   const BmmFn gemm = bmm_stub.get(DeviceType::CPU);
+  const int64_t channel_grain = std::max<int64_t>(1, kElementGrain / std::max<int64_t>(1, g.kh * g.kw * g.plane));
 
   // grad_out of one (image, group) as a [1, og, plane] matrix in the compute type: a view when its rows are evenly
   // strided and no widening is needed, else packed (and widened) into workspace.
   const scalar_t* gp = static_cast<const scalar_t*>(grad_out.raw_data());
-  const int64_t gs0 = grad_out.stride(0), gs1 = grad_out.stride(1), gs2 = grad_out.stride(2),
-                gs3 = grad_out.stride(3);
+  const int64_t gs0 = grad_out.stride(0), gs1 = grad_out.stride(1), gs2 = grad_out.stride(2), gs3 = grad_out.stride(3);
   const bool gout_view = !kWiden && gs2 == gs3 * g.ow;
   const Tensor gout_pack = gout_view ? Tensor() : empty({1, g.og, g.plane}, acc_opts);
   auto grad_out_matrix = [&](int64_t n, int64_t grp) -> Tensor {
@@ -105,8 +117,10 @@ void conv2d_backward_typed(const Tensor& grad_out, const Tensor& x, const Tensor
     // grad_x of image n accumulates in acc (float for f16/bf16, else grad_x itself, contiguous).
     acc_t* gx = nullptr;
     if (grad_x.defined()) {
-      if constexpr (kWiden) gx = static_cast<acc_t*>(gx_acc.raw_data());
-      else gx = static_cast<scalar_t*>(grad_x.raw_data()) + n * g.c * g.h * g.w;
+      if constexpr (kWiden)
+        gx = static_cast<acc_t*>(gx_acc.raw_data());
+      else
+        gx = static_cast<scalar_t*>(grad_x.raw_data()) + n * g.c * g.h * g.w;
       std::fill(gx, gx + g.c * g.h * g.w, acc_t(0));
     }
     for (int64_t grp = 0; grp < g.groups; ++grp) {
@@ -118,30 +132,35 @@ void conv2d_backward_typed(const Tensor& grad_out, const Tensor& x, const Tensor
         const acc_t* dc = static_cast<const acc_t*>(dcol.raw_data());
         acc_t* gxg = gx + grp * g.cg * g.h * g.w;
         const int64_t sw = p.stride[1];
-        for_each_tap_run(g, p, [&](int64_t row, int64_t c, int64_t q0, int64_t iy, int64_t ix0, int64_t cnt) {
-          acc_t* dst = gxg + (c * g.h + iy) * g.w + ix0;
-          const acc_t* src = dc + row * g.plane + q0;
-          if (sw == 1) {
-            for (int64_t t = 0; t < cnt; ++t) dst[t] += src[t];
-          } else {
-            for (int64_t t = 0; t < cnt; ++t) dst[t * sw] += src[t];
-          }
+        // A channel's column rows scatter only into that channel's plane: channels are split over the threads.
+        parallel::parallel_for(g.cg, channel_grain, [&](int64_t c0, int64_t c1) {
+          for_each_tap_run(g, p, c0, c1, [&](int64_t row, int64_t c, int64_t q0, int64_t iy, int64_t ix0, int64_t cnt) {
+            acc_t* dst = gxg + (c * g.h + iy) * g.w + ix0;
+            const acc_t* src = dc + row * g.plane + q0;
+            if (sw == 1) {
+              for (int64_t t = 0; t < cnt; ++t) dst[t] += src[t];
+            } else {
+              for (int64_t t = 0; t < cnt; ++t) dst[t * sw] += src[t];
+            }
+          });
         });
       }
       if (grad_w.defined()) {
         // im2col of (n, grp), then grad_w_g [og, K] (+)= grad_out [og, plane] @ col^T [plane, K].
         acc_t* cd = static_cast<acc_t*>(col.raw_data());
-        std::fill(cd, cd + g.k * g.plane, acc_t(0));
         const scalar_t* xg = xp + n * xs0 + grp * g.cg * xs1;
-        const int64_t step = p.stride[1] * xs3;
-        for_each_tap_run(g, p, [&](int64_t row, int64_t c, int64_t q0, int64_t iy, int64_t ix0, int64_t cnt) {
-          acc_t* dst = cd + row * g.plane + q0;
-          const scalar_t* src = xg + c * xs1 + iy * xs2 + ix0 * xs3;
-          if (step == 1) {
-            for (int64_t t = 0; t < cnt; ++t) dst[t] = static_cast<acc_t>(src[t]);
-          } else {
-            for (int64_t t = 0; t < cnt; ++t) dst[t] = static_cast<acc_t>(src[t * step]);
-          }
+        const int64_t step = p.stride[1] * xs3, rows_per_c = g.kh * g.kw;
+        parallel::parallel_for(g.cg, channel_grain, [&](int64_t c0, int64_t c1) {  // channels own their rows
+          std::fill(cd + c0 * rows_per_c * g.plane, cd + c1 * rows_per_c * g.plane, acc_t(0));
+          for_each_tap_run(g, p, c0, c1, [&](int64_t row, int64_t c, int64_t q0, int64_t iy, int64_t ix0, int64_t cnt) {
+            acc_t* dst = cd + row * g.plane + q0;
+            const scalar_t* src = xg + c * xs1 + iy * xs2 + ix0 * xs3;
+            if (step == 1) {
+              for (int64_t t = 0; t < cnt; ++t) dst[t] = static_cast<acc_t>(src[t]);
+            } else {
+              for (int64_t t = 0; t < cnt; ++t) dst[t] = static_cast<acc_t>(src[t * step]);
+            }
+          });
         });
         const Tensor acc_g = gw_acc.narrow(0, grp * g.og, g.og);
         if (n == 0) {
@@ -216,8 +235,8 @@ void max_pool2d_backward_kernel(const Tensor& grad_out, const Tensor& indices, c
       for (int64_t y = 0; y < oh; ++y)
         for (int64_t z = 0; z < ow; ++z) {
           const int64_t idx = ipl[y * is2 + z * is3];
-          EMBER_CHECK(idx >= 0 && idx < hw, IndexError, "max_pool2d_backward: index ", idx, " at output (", n, ", ",
-                      ch, ", ", y, ", ", z, ") is out of range for an input plane of ", hw, " elements");
+          EMBER_CHECK(idx >= 0 && idx < hw, IndexError, "max_pool2d_backward: index ", idx, " at output (", n, ", ", ch,
+                      ", ", y, ", ", z, ") is out of range for an input plane of ", hw, " elements");
           acc[idx] += static_cast<acc_t>(gpl[y * gs2 + z * gs3]);
         }
     });
@@ -260,8 +279,8 @@ bool widens(DType dtype) { return dtype == DType::f16 || dtype == DType::bf16; }
 // conv2d_backward_typed's workspace in its order: the packed grad_out matrix unless viewed in place; for grad_x the
 // packed weight unless used in place, the column gradient and (f16/bf16) the image accumulator; for grad_w the
 // columns, the per-image product and (f16/bf16) the accumulator; then what its GEMMs take, each freeing its own.
-void conv2d_backward_meta_kernel(const Tensor& grad_out, const Tensor& x, const Tensor& weight,
-                                 const Conv2dParams& p, const Tensor& grad_x, const Tensor& grad_w) {
+void conv2d_backward_meta_kernel(const Tensor& grad_out, const Tensor& x, const Tensor& weight, const Conv2dParams& p,
+                                 const Tensor& grad_x, const Tensor& grad_w) {
   const bool widen = widens(grad_out.dtype());
   const DType acc = widen ? DType::f32 : grad_out.dtype();
   const ConvGeometry g(x, weight, grad_out, p);
@@ -273,10 +292,12 @@ void conv2d_backward_meta_kernel(const Tensor& grad_out, const Tensor& x, const 
   if (!gout_view) ws.take(g.og * g.plane, acc);
   int64_t wmat_rs = g.k;
   if (grad_x.defined()) {
-    const bool in_place = !widen && weight.stride(3) == 1 && weight.stride(2) == g.kw &&
-                          weight.stride(1) == g.kh * g.kw;
-    if (in_place) wmat_rs = weight.stride(0);
-    else ws.take(g.o * g.k, acc);
+    const bool in_place =
+        !widen && weight.stride(3) == 1 && weight.stride(2) == g.kw && weight.stride(1) == g.kh * g.kw;
+    if (in_place)
+      wmat_rs = weight.stride(0);
+    else
+      ws.take(g.o * g.k, acc);
     ws.take(g.k * g.plane, acc);
     if (widen) ws.take(g.c * g.h * g.w, acc);
   }

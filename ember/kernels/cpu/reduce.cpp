@@ -5,6 +5,7 @@
 #include <cmath>
 #include <type_traits>
 
+#include "ember/core/parallel.h"
 #include "ember/kernels/cpu/loops.h"
 #include "ember/kernels/stubs.h"
 
@@ -68,8 +69,10 @@ void for_each_reduced(const ReducedGeometry& g, F&& f) {
 
 template <class T>
 bool is_nan_value(T v) {
-  if constexpr (std::is_floating_point_v<op_math_t<T>>) return std::isnan(static_cast<op_math_t<T>>(v));
-  else return false;
+  if constexpr (std::is_floating_point_v<op_math_t<T>>)
+    return std::isnan(static_cast<op_math_t<T>>(v));
+  else
+    return false;
 }
 
 template <class T, class OutT>
@@ -93,76 +96,86 @@ void reduce_typed(ReduceOp op, const Tensor& in, const Tensor& out, const std::v
   OutT* dst = static_cast<OutT*>(out.raw_data());
   const int64_t n_out = out.numel();
   const int64_t nk = static_cast<int64_t>(kept_sizes.size());
-  std::vector<int64_t> kidx(static_cast<size_t>(nk), 0);
-  int64_t base = 0;
 
-  for (int64_t o = 0; o < n_out; ++o) {
-    // An empty input (a reduced dim of size 0) may have no storage: nothing is read, so the offset is not applied.
-    const T* p = src == nullptr ? src : src + base;
-    switch (op) {
-      case ReduceOp::Sum:
-      case ReduceOp::Mean: {
-        acc_t acc = 0;
-        for_each_reduced(g, [&](int64_t off, int64_t) { acc += static_cast<acc_t>(static_cast<math_t>(p[off])); });
-        if (op == ReduceOp::Mean) {
-          if constexpr (kFloat) dst[o] = convert<OutT>(acc / static_cast<double>(g.numel));
-        } else {
-          dst[o] = convert<OutT>(acc);
-        }
-        break;
-      }
-      case ReduceOp::Var: {
-        if constexpr (kFloat) {
-          double s = 0.0;
-          for_each_reduced(g, [&](int64_t off, int64_t) { s += static_cast<double>(static_cast<math_t>(p[off])); });
-          const double m = s / static_cast<double>(g.numel);
-          double ss = 0.0;
-          for_each_reduced(g, [&](int64_t off, int64_t) {
-            const double dv = static_cast<double>(static_cast<math_t>(p[off])) - m;
-            ss += dv * dv;
-          });
-          const double denom = std::max<double>(0.0, static_cast<double>(g.numel - correction));
-          dst[o] = convert<OutT>(ss / denom);
-        }
-        break;
-      }
-      case ReduceOp::Max:
-      case ReduceOp::Min: {
-        const bool is_max = op == ReduceOp::Max;
-        math_t best = static_cast<math_t>(p[0]);
-        for_each_reduced(g, [&](int64_t off, int64_t) {
-          const math_t v = static_cast<math_t>(p[off]);
-          if (is_nan_value(best)) return;
-          if (is_nan_value(v) || (is_max ? v > best : v < best)) best = v;
-        });
-        dst[o] = convert<OutT>(best);
-        break;
-      }
-      case ReduceOp::ArgMax:
-      case ReduceOp::ArgMin: {
-        const bool is_max = op == ReduceOp::ArgMax;
-        math_t best = static_cast<math_t>(p[0]);
-        int64_t best_k = 0;
-        for_each_reduced(g, [&](int64_t off, int64_t k) {
-          const math_t v = static_cast<math_t>(p[off]);
-          if (is_nan_value(best)) return;  // the first NaN wins
-          if (is_nan_value(v) || (is_max ? v > best : v < best)) {
-            best = v;
-            best_k = k;
+  // Outputs are independent (each walks its own reduced elements in the same order), so they are split over the CPU
+  // threads; a chunk starts its odometer at its first output.
+  const int64_t grain = std::max<int64_t>(1, kElementGrain / std::max<int64_t>(g.numel, 1));
+  parallel::parallel_for(n_out, grain, [&](int64_t o_begin, int64_t o_end) {
+    std::vector<int64_t> kidx(static_cast<size_t>(nk), 0);
+    int64_t base = 0;
+    for (int64_t d = nk - 1, rem = o_begin; d >= 0; --d) {
+      kidx[d] = rem % kept_sizes[d];
+      rem /= kept_sizes[d];
+      base += kidx[d] * kept_strides[d];
+    }
+    for (int64_t o = o_begin; o < o_end; ++o) {
+      // An empty input (a reduced dim of size 0) may have no storage: nothing is read, so the offset is not applied.
+      const T* p = src == nullptr ? src : src + base;
+      switch (op) {
+        case ReduceOp::Sum:
+        case ReduceOp::Mean: {
+          acc_t acc = 0;
+          for_each_reduced(g, [&](int64_t off, int64_t) { acc += static_cast<acc_t>(static_cast<math_t>(p[off])); });
+          if (op == ReduceOp::Mean) {
+            if constexpr (kFloat) dst[o] = convert<OutT>(acc / static_cast<double>(g.numel));
+          } else {
+            dst[o] = convert<OutT>(acc);
           }
-        });
-        dst[o] = static_cast<OutT>(best_k);
-        break;
+          break;
+        }
+        case ReduceOp::Var: {
+          if constexpr (kFloat) {
+            double s = 0.0;
+            for_each_reduced(g, [&](int64_t off, int64_t) { s += static_cast<double>(static_cast<math_t>(p[off])); });
+            const double m = s / static_cast<double>(g.numel);
+            double ss = 0.0;
+            for_each_reduced(g, [&](int64_t off, int64_t) {
+              const double dv = static_cast<double>(static_cast<math_t>(p[off])) - m;
+              ss += dv * dv;
+            });
+            const double denom = std::max<double>(0.0, static_cast<double>(g.numel - correction));
+            dst[o] = convert<OutT>(ss / denom);
+          }
+          break;
+        }
+        case ReduceOp::Max:
+        case ReduceOp::Min: {
+          const bool is_max = op == ReduceOp::Max;
+          math_t best = static_cast<math_t>(p[0]);
+          for_each_reduced(g, [&](int64_t off, int64_t) {
+            const math_t v = static_cast<math_t>(p[off]);
+            if (is_nan_value(best)) return;
+            if (is_nan_value(v) || (is_max ? v > best : v < best)) best = v;
+          });
+          dst[o] = convert<OutT>(best);
+          break;
+        }
+        case ReduceOp::ArgMax:
+        case ReduceOp::ArgMin: {
+          const bool is_max = op == ReduceOp::ArgMax;
+          math_t best = static_cast<math_t>(p[0]);
+          int64_t best_k = 0;
+          for_each_reduced(g, [&](int64_t off, int64_t k) {
+            const math_t v = static_cast<math_t>(p[off]);
+            if (is_nan_value(best)) return;  // the first NaN wins
+            if (is_nan_value(v) || (is_max ? v > best : v < best)) {
+              best = v;
+              best_k = k;
+            }
+          });
+          dst[o] = static_cast<OutT>(best_k);
+          break;
+        }
+      }
+      for (int64_t d = nk - 1; d >= 0; --d) {  // odometer over the kept dims
+        ++kidx[d];
+        base += kept_strides[d];
+        if (kidx[d] < kept_sizes[d]) break;
+        base -= kept_strides[d] * kept_sizes[d];
+        kidx[d] = 0;
       }
     }
-    for (int64_t d = nk - 1; d >= 0; --d) {  // odometer over the kept dims
-      ++kidx[d];
-      base += kept_strides[d];
-      if (kidx[d] < kept_sizes[d]) break;
-      base -= kept_strides[d] * kept_sizes[d];
-      kidx[d] = 0;
-    }
-  }
+  });
 }
 
 void reduce_kernel(ReduceOp op, const Tensor& in, const Tensor& out, const std::vector<int64_t>& dims,
@@ -172,8 +185,8 @@ void reduce_kernel(ReduceOp op, const Tensor& in, const Tensor& out, const std::
     if (out.dtype() == in.dtype()) {
       reduce_typed<scalar_t, scalar_t>(op, in, out, dims, correction);
     } else {
-      EMBER_CHECK(out.dtype() == DType::i64, DTypeError, "reduce: unexpected output dtype ",
-                  dtype_name(out.dtype()), " for input ", in.description());
+      EMBER_CHECK(out.dtype() == DType::i64, DTypeError, "reduce: unexpected output dtype ", dtype_name(out.dtype()),
+                  " for input ", in.description());
       reduce_typed<scalar_t, int64_t>(op, in, out, dims, correction);
     }
   });
