@@ -9,6 +9,7 @@
 #include "ember/core/generator.h"
 #include "ember/core/grad_mode.h"
 #include "ember/core/meta_scope.h"
+#include "ember/core/parallel.h"
 #include "ember/core/tensor.h"
 #include "ember/autograd/anomaly.h"
 #include "ember/autograd/autocast.h"

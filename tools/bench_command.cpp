@@ -8,6 +8,7 @@
 #include "ember/autograd/checkpoint_plan.h"
 #include "ember/base/error.h"
 #include "ember/core/device.h"
+#include "ember/core/parallel.h"
 #include "ember/memory/allocator.h"
 #include "ember/train/bench_train.h"
 #include "tools/commands.h"
@@ -26,6 +27,7 @@ struct BenchTrainArgs {
   std::string checkpoint = "none";
   int64_t batch = 0;
   int64_t grad_accum = 1;
+  int threads = 0;  // 0: the default (EMBER_NUM_THREADS or the CPUs available)
   bool json = false;
 };
 
@@ -40,6 +42,7 @@ void run_bench_train(const BenchTrainArgs& a) {
   o.checkpoint = a.checkpoint;
   o.batch = a.batch;
   o.grad_accum = a.grad_accum;
+  if (a.threads > 0) set_num_threads(a.threads);
   const train::BenchTrainResult r = train::bench_train(o);
   if (a.json) {
     std::printf("%s\n", r.to_json().c_str());
@@ -85,6 +88,8 @@ void add_bench_command(CLI::App& app) {
       ->check(CLI::Range(int64_t{1}, std::numeric_limits<int64_t>::max()));
   train->add_option("--grad-accum", args->grad_accum, "micro-batches per step (must divide the batch)")
       ->check(CLI::Range(int64_t{1}, std::numeric_limits<int64_t>::max()));
+  train->add_option("--threads", args->threads, "CPU threads of the kernels (default: EMBER_NUM_THREADS or every CPU)")
+      ->check(CLI::Range(1, 1024));
   train->add_flag("--json", args->json, "print one JSON line");
   train->callback([args] { run_bench_train(*args); });
 }

@@ -13,6 +13,7 @@
 #include "ember/autograd/checkpoint_plan.h"
 #include "ember/core/generator.h"
 #include "ember/core/grad_mode.h"
+#include "ember/core/parallel.h"
 #include "ember/memory/cuda_device.h"
 #include "ember/nn/functional.h"
 #include "ember/nn/layers.h"
@@ -141,6 +142,7 @@ BenchTrainResult bench_train(const BenchTrainOptions& o) {
   r.peak_allocated_bytes = s.peak_allocated_bytes;
   r.peak_reserved_bytes = s.peak_reserved_bytes;
   r.peak_rss_mib = peak_rss_mib();
+  r.threads = get_num_threads();
   return r;
 }
 
@@ -151,6 +153,7 @@ std::string BenchTrainResult::to_json() const {
   j["steps"] = steps;
   j["batch"] = batch;
   j["parameters"] = parameters;
+  j["threads"] = threads;
   j["ms_per_step_median"] = ms_per_step_median;
   j["ms_per_step_min"] = ms_per_step_min;
   j["ms_per_step_max"] = ms_per_step_max;

@@ -48,6 +48,7 @@ struct BenchTrainOptions {
 struct BenchTrainResult {
   std::string model, device;
   int64_t steps = 0, batch = 0, parameters = 0;
+  int threads = 1;  // CPU threads of the kernels (get_num_threads) during the run
   double ms_per_step_median = 0, ms_per_step_min = 0, ms_per_step_max = 0;
   double peak_rss_mib = 0;           // the process's peak resident set (getrusage), MiB
   int64_t peak_allocated_bytes = 0;  // the device allocator's peak during the timed steps
