@@ -14,25 +14,14 @@
 
 #include "ember/base/error.h"
 #include "ember/core/parallel.h"
+#include "tests/harness/op_harness.h"
 
-namespace ember {
+namespace ember::testing {
 namespace {
-
-// Restores the thread count a test changed.
-class ThreadCount {
- public:
-  explicit ThreadCount(int n) : prev_(get_num_threads()) { set_num_threads(n); }
-  ~ThreadCount() { set_num_threads(prev_); }
-  ThreadCount(const ThreadCount&) = delete;
-  ThreadCount& operator=(const ThreadCount&) = delete;
-
- private:
-  int prev_;
-};
 
 TEST(Parallel, EveryIndexOnceForAnyThreadCountGrainAndAlignment) {
   for (int threads : {1, 2, 3, 8}) {
-    ThreadCount tc(threads);
+    ScopedNumThreads tc(threads);
     for (int64_t n : {1, 7, 100, 1000, 12345}) {
       for (int64_t grain : {1, 16, 1000}) {
         for (int64_t align : {1, 8, 48}) {
@@ -65,7 +54,7 @@ TEST(Parallel, ChunkBoundariesAreFixedByTheSizes) {
   EXPECT_EQ(parallel::chunk_begin(3, 3, 100, 1), 100);
   EXPECT_EQ(parallel::chunk_begin(1, 2, 1000, 48), 480);  // 500 rounded down to 48 * 10
   EXPECT_EQ(parallel::chunk_begin(1, 2, 90, 48), 0);      // 45 -> 0: chunk 0 is empty, chunk 1 takes all
-  ThreadCount tc(2);
+  ScopedNumThreads tc(2);
   std::vector<std::pair<int64_t, int64_t>> ranges(2, {-1, -1});
   parallel::parallel_for(1000, 48, 48, [&](int64_t c, int64_t b, int64_t e) {
     ranges[static_cast<size_t>(c)] = {b, e};
@@ -75,7 +64,7 @@ TEST(Parallel, ChunkBoundariesAreFixedByTheSizes) {
 }
 
 TEST(Parallel, NestedCallsRunSeriallyInsideAChunk) {
-  ThreadCount tc(4);
+  ScopedNumThreads tc(4);
   std::atomic<int64_t> total{0};
   std::atomic<bool> nested_split{false};
   parallel::parallel_for(4, 1, [&](int64_t b, int64_t e) {
@@ -94,7 +83,7 @@ TEST(Parallel, NestedCallsRunSeriallyInsideAChunk) {
 }
 
 TEST(Parallel, AnExceptionReachesTheCallerAfterEveryChunk) {
-  ThreadCount tc(3);
+  ScopedNumThreads tc(3);
   std::atomic<int> finished{0};
   EXPECT_THROW(parallel::parallel_for(3, 1,
                                       [&](int64_t b, int64_t) {
@@ -110,7 +99,7 @@ TEST(Parallel, AnExceptionReachesTheCallerAfterEveryChunk) {
 }
 
 TEST(Parallel, TwoUserThreadsShareThePool) {
-  ThreadCount tc(2);
+  ScopedNumThreads tc(2);
   auto work = [](std::atomic<int64_t>& sum) {
     for (int rep = 0; rep < 200; ++rep) parallel::parallel_for(10000, 100, [&](int64_t b, int64_t e) { sum += e - b; });
   };
@@ -128,10 +117,10 @@ TEST(Parallel, BadThreadCountsAreConfigErrors) {
   EXPECT_THROW(set_num_threads(-3), ConfigError);
   EXPECT_THROW(set_num_threads(100000), ConfigError);
   EXPECT_EQ(get_num_threads(), before);
-  ThreadCount tc(1);
+  ScopedNumThreads tc(1);
   EXPECT_EQ(get_num_threads(), 1);
   EXPECT_EQ(parallel::chunk_count(1 << 20, 1), 1);
 }
 
 }  // namespace
-}  // namespace ember
+}  // namespace ember::testing

@@ -97,6 +97,18 @@ class DeviceTest : public ::testing::TestWithParam<Device> {
 
 std::string device_param_name(const ::testing::TestParamInfo<Device>& info);
 
+// Sets the CPU kernels' thread count for a scope and restores the previous one (core/parallel.h).
+class ScopedNumThreads {
+ public:
+  explicit ScopedNumThreads(int n) : prev_(get_num_threads()) { set_num_threads(n); }
+  ~ScopedNumThreads() { set_num_threads(prev_); }
+  ScopedNumThreads(const ScopedNumThreads&) = delete;
+  ScopedNumThreads& operator=(const ScopedNumThreads&) = delete;
+
+ private:
+  int prev_;
+};
+
 }  // namespace ember::testing
 
 #define EMBER_INSTANTIATE_DEVICE_TESTS(Fixture)                                                                     \

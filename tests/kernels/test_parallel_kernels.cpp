@@ -14,17 +14,6 @@
 namespace ember::testing {
 namespace {
 
-class ThreadCount {
- public:
-  explicit ThreadCount(int n) : prev_(get_num_threads()) { set_num_threads(n); }
-  ~ThreadCount() { set_num_threads(prev_); }
-  ThreadCount(const ThreadCount&) = delete;
-  ThreadCount& operator=(const ThreadCount&) = delete;
-
- private:
-  int prev_;
-};
-
 bool same_bits(const Tensor& a, const Tensor& b) {
   if (a.dtype() != b.dtype() || a.sizes() != b.sizes()) return false;
   const Tensor ca = a.contiguous(), cb = b.contiguous();
@@ -36,11 +25,11 @@ void expect_thread_count_invariant(const char* what, const std::function<std::ve
   SCOPED_TRACE(what);
   std::vector<Tensor> ref;
   {
-    ThreadCount tc(1);
+    ScopedNumThreads tc(1);
     ref = f();
   }
   for (int threads : {2, 3}) {
-    ThreadCount tc(threads);
+    ScopedNumThreads tc(threads);
     const std::vector<Tensor> got = f();
     ASSERT_EQ(got.size(), ref.size());
     for (size_t i = 0; i < got.size(); ++i)
@@ -77,7 +66,7 @@ TEST(ParallelKernels, GemmSplitsGiveTheSameBitsAsOneThread) {
 }
 
 TEST(ParallelKernels, SplitGemmMatchesAFloat64Reference) {
-  ThreadCount tc(3);
+  ScopedNumThreads tc(3);
   const Tensor a = rand_input({150, 77}), b = rand_input({77, 500});
   const Tensor got = ops::matmul(a, b).to(DType::f64);
   const Tensor want = ops::matmul(a.to(DType::f64), b.to(DType::f64));
