@@ -131,6 +131,37 @@ TEST(MetaWorkspace, Conv2dForwardAndBackward) {
   }
 }
 
+// Convolutions take workspace per chunk of images (or of weight partial sums), or split one image's GEMM: the replay
+// must count each chunk's at every thread count (Note [Convolution over images] in ember/kernels/cpu/conv_pool.cpp).
+TEST(MetaWorkspace, Conv2dOverThreads) {
+  Conv2dParams p;
+  p.padding[0] = p.padding[1] = 1;
+  for (int threads : {1, 2, 3}) {
+    ScopedNumThreads tc(threads);
+    SCOPED_TRACE(threads);
+    for (int64_t n_img : {1, 5, 11}) {
+      SCOPED_TRACE(n_img);
+      for (DType dt : {DType::f32, DType::bf16}) {
+        SCOPED_TRACE(dtype_name(dt));
+        expect_same_peak("forward", [=](Device d) {
+          return std::vector<Tensor>{input({n_img, 16, 20, 20}, dt, d), input({32, 16, 3, 3}, dt, d),
+                                     input({32}, dt, d)};
+        }, [p](const std::vector<Tensor>& in) { return ops::conv2d(in[0], in[1], in[2], p); });
+        const Make grad_in = [=](Device d) {
+          return std::vector<Tensor>{input({n_img, 32, 20, 20}, dt, d), input({n_img, 16, 20, 20}, dt, d),
+                                     input({32, 16, 3, 3}, dt, d)};
+        };
+        expect_same_peak("backward input", grad_in, [p](const std::vector<Tensor>& in) {
+          return ops::conv2d_backward_input(in[0], in[2], in[1].sizes(), p);
+        });
+        expect_same_peak("backward weight", grad_in, [p](const std::vector<Tensor>& in) {
+          return ops::conv2d_backward_weight(in[0], in[1], in[2].sizes(), p);
+        });
+      }
+    }
+  }
+}
+
 TEST(MetaWorkspace, PoolingBackward) {
   Pool2dParams p;
   p.kernel[0] = p.kernel[1] = 2;

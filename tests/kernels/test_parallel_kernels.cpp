@@ -1,4 +1,4 @@
-// CPU kernels split over threads (Note [Parallel chunks] in core/parallel.h, Note [Parallel GEMM] in matmul.cpp) give
+// CPU kernels split over threads (Note [Parallel chunks] in core/parallel.h, Note [Parallel GEMM] in gemm.cpp) give
 // the same bits for 1, 2 and 3 threads — the invariant that keeps every reference test, resume and estimator check
 // valid whatever the machine — and a split product still matches a float64 reference. Shapes are chosen so that
 // each path really splits: GEMM row blocks, column blocks, batches, packed operands, tails that are not multiples of
@@ -133,17 +133,38 @@ TEST(ParallelKernels, OptimizerStepsSplitOverThreads) {
   });
 }
 
+// Batches of images run image by image on the threads, one image splits its im2col and GEMM, and the weight
+// gradient sums a fixed number of partial sums (Note [Convolution over images] in ember/kernels/cpu/conv_pool.cpp).
 TEST(ParallelKernels, Conv2dForwardAndBackward) {
-  const Tensor x = rand_input({8, 16, 20, 20}).to(DType::f32), w = rand_input({32, 16, 3, 3}).to(DType::f32),
-               b = rand_input({32}).to(DType::f32);
-  Conv2dParams p;
-  p.padding[0] = p.padding[1] = 1;
-  expect_thread_count_invariant("conv2d", [&] {
-    const Tensor y = ops::conv2d(x, w, b, p);
-    const Tensor gy = ops::mul(y, 0.5);
-    return std::vector<Tensor>{y, ops::conv2d_backward_input(gy, w, x.sizes(), p),
-                               ops::conv2d_backward_weight(gy, x, w.sizes(), p)};
-  });
+  struct Case {
+    const char* what;
+    Shape x, w;
+    int64_t groups, stride;
+    DType dtype;
+  };
+  const std::vector<Case> cases = {
+      {"8 images", {8, 16, 20, 20}, {32, 16, 3, 3}, 1, 1, DType::f32},
+      {"one image: split im2col and GEMM", {1, 16, 30, 30}, {32, 16, 3, 3}, 1, 1, DType::f32},
+      {"11 images: 8 uneven weight partials", {11, 8, 12, 12}, {16, 8, 3, 3}, 1, 1, DType::f32},
+      {"groups and stride 2", {5, 8, 15, 15}, {12, 4, 3, 3}, 2, 2, DType::f64},
+      {"bf16", {6, 8, 12, 12}, {16, 8, 3, 3}, 1, 1, DType::bf16},
+  };
+  for (const Case& c : cases) {
+    const Tensor x = rand_input(c.x).to(c.dtype), w = rand_input(c.w).to(c.dtype), b = rand_input({c.w[0]}).to(c.dtype);
+    Conv2dParams p;
+    p.padding[0] = p.padding[1] = 1;
+    p.stride[0] = p.stride[1] = c.stride;
+    p.groups = c.groups;
+    expect_thread_count_invariant(c.what, [&] {
+      const Tensor y = ops::conv2d(x, w, b, p);
+      const Tensor gy = ops::mul(y, 0.5);
+      // A channels-last gradient as well: its [O, H*W] rows are packed per image.
+      const Tensor gy_cl = gy.permute({0, 2, 3, 1}).contiguous().permute({0, 3, 1, 2});
+      return std::vector<Tensor>{y, ops::conv2d_backward_input(gy, w, x.sizes(), p),
+                                 ops::conv2d_backward_weight(gy, x, w.sizes(), p),
+                                 ops::conv2d_backward_weight(gy_cl, x, w.sizes(), p)};
+    });
+  }
 }
 
 }  // namespace

@@ -1,12 +1,15 @@
-// CPU conv2d (im2col + the CPU bmm kernel per image and group) and max/avg pool2d (direct loops), NCHW, any input
-// strides. Invariant: f16/bf16 are only storage: inputs are widened to float, every sum runs in op_math_t, and each
-// output element is rounded once when stored. Every workspace byte comes from the host allocator.
+// CPU conv2d (im2col + GEMM per image and group, images over the CPU threads) and max/avg pool2d (direct loops), NCHW,
+// any input strides. Invariant: f16/bf16 are only storage: inputs are widened to float, every sum runs in op_math_t,
+// and each output element is rounded once when stored. Every workspace byte comes from the host allocator.
 #include <algorithm>
 #include <cmath>
 #include <limits>
 #include <type_traits>
+#include <vector>
 
 #include "ember/core/parallel.h"
+#include "ember/kernels/cpu/conv_im2col.h"
+#include "ember/kernels/cpu/gemm.h"
 #include "ember/kernels/cpu/loops.h"
 #include "ember/kernels/cpu/meta_workspace.h"
 #include "ember/kernels/stubs.h"
@@ -20,106 +23,84 @@ namespace {
 // in the host allocator's statistics and traces, and running out of memory surfaces as OutOfMemoryError like any
 // other allocation. Eigen sees them through Eigen::Map; products are written with `.noalias() =` into a Map, so Eigen
 // never materialises a full-size temporary, and its GEMM panels come from the allocator too (Note [GEMM panels from
-// the allocator] in matmul.cpp). Small fixed-size stack arrays and O(ndim) shape metadata are not workspace.
+// the allocator] in gemm.cpp). Small fixed-size stack arrays and O(ndim) shape metadata are not workspace.
 // tests/kernels/test_workspace_accounting.cpp holds the kernels to this. A kernel that takes workspace also registers a
 // Meta entry that takes the same on meta (Note [Meta kernels] in kernels/stubs.h): change the two together.
+
+// Note [Convolution over images]
+// A batch of images runs on the CPU threads image by image: with c = chunk_count(N, 1) >= 2 chunks, each chunk takes
+// a range of images with its own columns and a serial Gemm (gemm.h), so an image's columns are written and multiplied
+// on one core and no image waits for another. With one chunk (one image, or one thread) the images run in turn and
+// each one's im2col (by channel) and GEMM (in row or column blocks) are split instead. Every output element is
+// computed by the same operations in the same order either way (a split GEMM sums like a serial one: Note [Parallel
+// GEMM] in gemm.cpp), so results do not depend on the thread count. The bias is the first term of each output's sum:
+// the rows are filled with it and the GEMM accumulates onto them. The weight gradient, a sum over images, is split
+// into a fixed number of partial sums (conv_pool_backward.cpp) for the same reason.
 
 template <class scalar_t>
 void conv2d_typed(const Tensor& x, const Tensor& weight, const Tensor& bias, const Conv2dParams& p, const Tensor& out) {
   using acc_t = op_math_t<scalar_t>;
   constexpr bool kWiden = !std::is_same_v<acc_t, scalar_t>;
   const TensorOptions acc_opts(dtype_of_v<acc_t>, Device::cpu());
-  const int64_t n_img = x.size(0), h = x.size(2), w = x.size(3);
-  const int64_t o = weight.size(0), cg = weight.size(1), kh = weight.size(2), kw = weight.size(3);
-  const int64_t groups = p.groups, og = o / groups;
-  const int64_t oh = out.size(2), ow = out.size(3);
-  const int64_t k = cg * kh * kw, plane = oh * ow;
-  const int64_t sh = p.stride[0], sw = p.stride[1], ph = p.padding[0], pw = p.padding[1];
-  const int64_t dh = p.dilation[0], dw = p.dilation[1];
-
-  // Weight as an [O, K] matrix in the compute type, K ordered (c, i, j) like the im2col rows: a view of the weight
-  // when it already has that layout, else packed (and widened) into workspace.
-  const int64_t s0 = weight.stride(0), s1 = weight.stride(1), s2 = weight.stride(2), s3 = weight.stride(3);
-  Tensor wmat;
-  if constexpr (!kWiden) {
-    if (s3 == 1 && s2 == kw && s1 == kh * kw) wmat = weight.view({o, k});
-  }
-  if (!wmat.defined()) {
-    wmat = empty({o, k}, acc_opts);
-    const scalar_t* wp = static_cast<const scalar_t*>(weight.raw_data());
-    acc_t* wm = static_cast<acc_t*>(wmat.raw_data());
-    for (int64_t oc = 0; oc < o; ++oc)
-      for (int64_t c = 0; c < cg; ++c)
-        for (int64_t i = 0; i < kh; ++i)
-          for (int64_t j = 0; j < kw; ++j)
-            wm[oc * k + (c * kh + i) * kw + j] = static_cast<acc_t>(wp[oc * s0 + c * s1 + i * s2 + j * s3]);
-  }
+  const ConvGeometry g(x, weight, out, p);
+  if (out.numel() == 0) return;
+  const WeightMatrix<acc_t, scalar_t> wmat(weight, g);
   const scalar_t* bp = bias.defined() ? static_cast<const scalar_t*>(bias.raw_data()) : nullptr;
   const int64_t bs = bias.defined() ? bias.stride(0) : 0;
-
   const scalar_t* xp = static_cast<const scalar_t*>(x.raw_data());
   const int64_t xs0 = x.stride(0), xs1 = x.stride(1), xs2 = x.stride(2), xs3 = x.stride(3);
   scalar_t* op = static_cast<scalar_t*>(out.raw_data());
-  const Tensor col = empty({1, k, plane}, acc_opts);                       // im2col of one (image, group)
-  const Tensor res = kWiden ? empty({1, og, plane}, acc_opts) : Tensor();  // f32 product before rounding
-  acc_t* col_data = static_cast<acc_t*>(col.raw_data());
-  const BmmFn gemm = bmm_stub.get(DeviceType::CPU);
-  const int64_t channel_grain = std::max<int64_t>(1, kElementGrain / std::max<int64_t>(1, kh * kw * plane));
 
-  for (int64_t n = 0; n < n_img; ++n) {
-    for (int64_t g = 0; g < groups; ++g) {
-      // im2col: row (c, i, j), column (y, z) holds x[n, g*cg + c, y*sh - ph + i*dh, z*sw - pw + j*dw] or 0. Channels
-      // own their rows, so they are split over the CPU threads.
-      parallel::parallel_for(cg, channel_grain, [&](int64_t c_lo, int64_t c_hi) {
-        for (int64_t c = c_lo; c < c_hi; ++c) {
-          const scalar_t* xc = xp + n * xs0 + (g * cg + c) * xs1;
-          for (int64_t i = 0; i < kh; ++i)
-            for (int64_t j = 0; j < kw; ++j) {
-              acc_t* row = col_data + ((c * kh + i) * kw + j) * plane;
-              // Columns [zr.lo, zr.hi) read x (ix = z * sw + off), the rest are padding: no bounds test per element.
-              const int64_t off = j * dw - pw, step = sw * xs3;
-              const TapRange zr = tap_range(off, sw, w, ow);
-              for (int64_t y = 0; y < oh; ++y) {
-                const int64_t iy = y * sh - ph + i * dh;
-                acc_t* dst = row + y * ow;
-                if (iy < 0 || iy >= h) {
-                  std::fill(dst, dst + ow, acc_t(0));
-                  continue;
-                }
-                std::fill(dst, dst + zr.lo, acc_t(0));
-                std::fill(dst + zr.hi, dst + ow, acc_t(0));
-                if (zr.lo == zr.hi) continue;
-                const scalar_t* src = xc + iy * xs2 + (zr.lo * sw + off) * xs3;
-                acc_t* d = dst + zr.lo;
-                const int64_t cnt = zr.hi - zr.lo;
-                if (step == 1) {
-                  for (int64_t t = 0; t < cnt; ++t) d[t] = static_cast<acc_t>(src[t]);
-                } else {
-                  for (int64_t t = 0; t < cnt; ++t) d[t] = static_cast<acc_t>(src[t * step]);
-                }
-              }
-            }
-        }
-      });
-      // [og, plane] = weight rows of group g [og, K] @ col [K, plane], straight into out when no rounding is needed.
-      const Tensor w_g = wmat.narrow(0, g * og, og).unsqueeze(0);
-      scalar_t* out_g = op + (n * o + g * og) * plane;
+  // Per chunk (Note [Convolution over images]): the columns of one (image, group), the f32 product before rounding
+  // (f16/bf16), and the Gemm [og, K] @ [K, plane].
+  struct Worker {
+    Tensor col, res;
+    Gemm<acc_t> gemm;
+  };
+  const int64_t chunks = parallel::chunk_count(g.n_img, 1);
+  const bool by_image = chunks >= 2;
+  std::vector<Worker> workers;
+  workers.reserve(static_cast<size_t>(chunks));
+  for (int64_t c = 0; c < chunks; ++c) {
+    Tensor col = empty({g.k * g.plane}, acc_opts);
+    Tensor res = kWiden ? empty({g.og * g.plane}, acc_opts) : Tensor();
+    workers.push_back(
+        {std::move(col), std::move(res), Gemm<acc_t>(g.og, g.k, g.plane, wmat.rs, 1, g.plane, 1, !by_image)});
+  }
+  const int64_t channel_grain = std::max<int64_t>(1, kElementGrain / std::max<int64_t>(1, g.kh * g.kw * g.plane));
+
+  auto image = [&](int64_t n, Worker& wk, bool split) {
+    acc_t* cd = static_cast<acc_t*>(wk.col.raw_data());
+    for (int64_t grp = 0; grp < g.groups; ++grp) {
+      const scalar_t* xg = xp + n * xs0 + grp * g.cg * xs1;
+      if (split)  // channels own their rows
+        parallel::parallel_for(g.cg, channel_grain,
+                               [&](int64_t c0, int64_t c1) { im2col(g, p, xg, xs1, xs2, xs3, c0, c1, cd); });
+      else
+        im2col(g, p, xg, xs1, xs2, xs3, 0, g.cg, cd);
+      const acc_t* wg = wmat.data + grp * g.og * wmat.rs;
+      scalar_t* out_g = op + (n * g.o + grp * g.og) * g.plane;
       if constexpr (!kWiden) {
-        gemm(w_g, col, out.select(0, n).narrow(0, g * og, og).view({1, og, plane}));
         if (bp)
-          for (int64_t r = 0; r < og; ++r) {
-            const acc_t b = static_cast<acc_t>(bp[(g * og + r) * bs]);
-            for (int64_t q = 0; q < plane; ++q) out_g[r * plane + q] += b;
-          }
+          for (int64_t r = 0; r < g.og; ++r)
+            std::fill(out_g + r * g.plane, out_g + (r + 1) * g.plane, bp[(grp * g.og + r) * bs]);
+        wk.gemm.run(wg, cd, out_g, g.plane, /*accumulate=*/bp != nullptr);
       } else {
-        gemm(w_g, col, res);
-        const acc_t* rp = static_cast<const acc_t*>(res.raw_data());
-        for (int64_t r = 0; r < og; ++r) {
-          const acc_t b = bp ? static_cast<acc_t>(bp[(g * og + r) * bs]) : acc_t(0);
-          for (int64_t q = 0; q < plane; ++q) out_g[r * plane + q] = scalar_t(rp[r * plane + q] + b);
+        acc_t* rp = static_cast<acc_t*>(wk.res.raw_data());
+        wk.gemm.run(wg, cd, rp, g.plane);
+        for (int64_t r = 0; r < g.og; ++r) {
+          const acc_t b = bp ? static_cast<acc_t>(bp[(grp * g.og + r) * bs]) : acc_t(0);
+          for (int64_t q = 0; q < g.plane; ++q) out_g[r * g.plane + q] = scalar_t(rp[r * g.plane + q] + b);
         }
       }
     }
+  };
+  if (by_image) {
+    parallel::parallel_for(g.n_img, 1, 1, [&](int64_t c, int64_t lo, int64_t hi) {
+      for (int64_t n = lo; n < hi; ++n) image(n, workers[static_cast<size_t>(c)], false);
+    });
+  } else {
+    for (int64_t n = 0; n < g.n_img; ++n) image(n, workers[0], true);
   }
 }
 
@@ -238,21 +219,22 @@ void avg_pool2d_kernel(const Tensor& x, const Pool2dParams& p, const Tensor& out
 }
 
 // conv2d_typed's workspace on meta, in its order (Note [Meta kernels] in kernels/stubs.h): the packed weight unless
-// it is used in place, the im2col columns, the f32 product for f16/bf16, and what its GEMMs take (each GEMM frees
-// its own before the next, so one replay stands for all of them).
+// it is used in place, then per chunk the im2col columns, the f32 product for f16/bf16 and the Gemm's workspace.
 void conv2d_meta_kernel(const Tensor& x, const Tensor& weight, const Tensor& bias, const Conv2dParams& p,
                         const Tensor& out) {
   if (out.numel() == 0) return;
   const bool widen = x.dtype() == DType::f16 || x.dtype() == DType::bf16;
   const DType acc = widen ? DType::f32 : x.dtype();
-  const int64_t o = weight.size(0), kh = weight.size(2), kw = weight.size(3);
-  const int64_t og = o / p.groups, k = weight.size(1) * kh * kw, plane = out.size(2) * out.size(3);
-  const bool in_place = !widen && weight.stride(3) == 1 && weight.stride(2) == kw && weight.stride(1) == kh * kw;
+  const ConvGeometry g(x, weight, out, p);
+  const bool in_place = !widen && weight.stride(3) == 1 && weight.stride(2) == g.kw && weight.stride(1) == g.kh * g.kw;
   MetaWorkspace ws;
-  if (!in_place) ws.take(o * k, acc);
-  ws.take(k * plane, acc);
-  if (widen) ws.take(og * plane, acc);
-  replay_bmm_workspace(acc, 1, og, k, plane, in_place ? weight.stride(0) : k, 1, plane, 1);
+  if (!in_place) ws.take(g.o * g.k, acc);
+  const int64_t chunks = parallel::chunk_count(g.n_img, 1);
+  for (int64_t c = 0; c < chunks; ++c) {
+    ws.take(g.k * g.plane, acc);
+    if (widen) ws.take(g.og * g.plane, acc);
+    take_gemm_workspace(ws, acc, g.og, g.k, g.plane, in_place ? weight.stride(0) : g.k, 1, g.plane, 1, chunks == 1);
+  }
 }
 
 }  // namespace

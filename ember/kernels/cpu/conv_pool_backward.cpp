@@ -4,8 +4,11 @@
 // when stored. Workspace comes from the host allocator (Note [Kernel workspace] in conv_pool.cpp).
 #include <algorithm>
 #include <type_traits>
+#include <vector>
 
 #include "ember/core/parallel.h"
+#include "ember/kernels/cpu/conv_im2col.h"
+#include "ember/kernels/cpu/gemm.h"
 #include "ember/kernels/cpu/loops.h"
 #include "ember/kernels/cpu/meta_workspace.h"
 #include "ember/kernels/stubs.h"
@@ -13,45 +16,16 @@
 namespace ember::kernels::cpu {
 namespace {
 
-// The geometry of one convolution: x [N, C, H, W], weight [O, CG, KH, KW], grad_out [N, O, OH, OW].
-struct ConvGeometry {
-  int64_t n_img, c, h, w, o, cg, kh, kw, oh, ow, groups, og, k, plane;
-  ConvGeometry(const Tensor& x, const Tensor& weight, const Tensor& grad_out, const Conv2dParams& p)
-      : n_img(x.size(0)),
-        c(x.size(1)),
-        h(x.size(2)),
-        w(x.size(3)),
-        o(weight.size(0)),
-        cg(weight.size(1)),
-        kh(weight.size(2)),
-        kw(weight.size(3)),
-        oh(grad_out.size(2)),
-        ow(grad_out.size(3)),
-        groups(p.groups),
-        og(o / p.groups),
-        k(cg * kh * kw),
-        plane(grad_out.size(2) * grad_out.size(3)) {}
-};
+// The weight gradient sums a product per image. The images are split into a fixed number of partial sums (at most
+// kWeightPartials, fewer when their workspace would pass kPartialBytes), each summed in image order by one chunk,
+// then added in order: the split depends on the sizes only, so results do not depend on the thread count (Note
+// [Convolution over images] in conv_pool.cpp).
+constexpr int64_t kWeightPartials = 8;
+constexpr int64_t kPartialBytes = int64_t{8} << 20;
 
-// Calls f(row, c, q0, iy, ix0, n) for every run of the im2col matrix of one (image, group) that reads the input (not
-// the zero padding): row = (c, i, j) of the [K, OH*OW] column matrix, columns q0 .. q0+n-1 (one output row y) read
-// input elements (c, iy, ix0 + t * stride[1]) for t < n. The runs' bounds come from tap_range (loops.h), so the
-// callers' inner loops carry no bounds test. Only channels [c_begin, c_end) are visited.
-template <class F>
-void for_each_tap_run(const ConvGeometry& g, const Conv2dParams& p, int64_t c_begin, int64_t c_end, F&& f) {
-  for (int64_t c = c_begin; c < c_end; ++c)
-    for (int64_t i = 0; i < g.kh; ++i)
-      for (int64_t j = 0; j < g.kw; ++j) {
-        const int64_t row = (c * g.kh + i) * g.kw + j;
-        const int64_t off = j * p.dilation[1] - p.padding[1];
-        const TapRange zr = tap_range(off, p.stride[1], g.w, g.ow);
-        if (zr.lo >= zr.hi) continue;
-        for (int64_t y = 0; y < g.oh; ++y) {
-          const int64_t iy = y * p.stride[0] - p.padding[0] + i * p.dilation[0];
-          if (iy < 0 || iy >= g.h) continue;
-          f(row, c, y * g.ow + zr.lo, iy, zr.lo * p.stride[1] + off, zr.hi - zr.lo);
-        }
-      }
+int64_t weight_partials(int64_t n_img, int64_t partial_bytes) {
+  return std::max<int64_t>(1,
+                           std::min({n_img, kWeightPartials, 1 + kPartialBytes / std::max<int64_t>(1, partial_bytes)}));
 }
 
 template <class scalar_t>
@@ -61,79 +35,68 @@ void conv2d_backward_typed(const Tensor& grad_out, const Tensor& x, const Tensor
   constexpr bool kWiden = !std::is_same_v<acc_t, scalar_t>;
   const TensorOptions acc_opts(dtype_of_v<acc_t>, Device::cpu());
   const ConvGeometry g(x, weight, grad_out, p);
-  const BmmFn gemm = bmm_stub.get(DeviceType::CPU);
+  if (grad_out.numel() == 0) {  // no products: both gradients are zero
+    if (grad_x.defined()) std::fill_n(static_cast<scalar_t*>(grad_x.raw_data()), grad_x.numel(), scalar_t(0));
+    if (grad_w.defined()) std::fill_n(static_cast<scalar_t*>(grad_w.raw_data()), grad_w.numel(), scalar_t(0));
+    return;
+  }
   const int64_t channel_grain = std::max<int64_t>(1, kElementGrain / std::max<int64_t>(1, g.kh * g.kw * g.plane));
 
-  // grad_out of one (image, group) as a [1, og, plane] matrix in the compute type: a view when its rows are evenly
-  // strided and no widening is needed, else packed (and widened) into workspace.
+  // grad_out of one (image, group) as an [og, plane] matrix in the compute type with strides (gout_rs, gout_cs): in
+  // place when its rows are evenly strided and no widening is needed, else packed (and widened) into `pack`.
   const scalar_t* gp = static_cast<const scalar_t*>(grad_out.raw_data());
   const int64_t gs0 = grad_out.stride(0), gs1 = grad_out.stride(1), gs2 = grad_out.stride(2), gs3 = grad_out.stride(3);
   const bool gout_view = !kWiden && gs2 == gs3 * g.ow;
-  const Tensor gout_pack = gout_view ? Tensor() : empty({1, g.og, g.plane}, acc_opts);
-  auto grad_out_matrix = [&](int64_t n, int64_t grp) -> Tensor {
-    if (gout_view) return grad_out.select(0, n).narrow(0, grp * g.og, g.og).view({1, g.og, g.plane});
-    acc_t* dst = static_cast<acc_t*>(gout_pack.raw_data());
+  const int64_t gout_rs = gout_view ? gs1 : g.plane, gout_cs = gout_view ? gs3 : 1;
+  auto grad_out_matrix = [&](int64_t n, int64_t grp, const Tensor& pack) -> const acc_t* {
+    if constexpr (!kWiden) {
+      if (gout_view) return gp + n * gs0 + grp * g.og * gs1;
+    }
+    acc_t* dst = static_cast<acc_t*>(pack.raw_data());
     for (int64_t r = 0; r < g.og; ++r) {
       const scalar_t* src = gp + n * gs0 + (grp * g.og + r) * gs1;
       for (int64_t y = 0; y < g.oh; ++y)
         for (int64_t z = 0; z < g.ow; ++z) dst[(r * g.oh + y) * g.ow + z] = static_cast<acc_t>(src[y * gs2 + z * gs3]);
     }
-    return gout_pack;
+    return dst;
   };
+  auto gout_pack = [&] { return gout_view ? Tensor() : empty({g.og * g.plane}, acc_opts); };
 
-  // ---- grad_x workspace: W^T per group, the column gradient, and (f16/bf16) one image's float accumulator.
-  Tensor wmat, dcol, gx_acc;
   if (grad_x.defined()) {
-    // Weight as [O, K], K ordered (c, i, j) like the im2col rows: a view when already laid out so, else packed.
-    const int64_t s0 = weight.stride(0), s1 = weight.stride(1), s2 = weight.stride(2), s3 = weight.stride(3);
-    if constexpr (!kWiden) {
-      if (s3 == 1 && s2 == g.kw && s1 == g.kh * g.kw) wmat = weight.view({g.o, g.k});
+    // Per image: the column gradient [K, plane] = W_g^T [K, og] @ grad_out [og, plane] per group, then col2im
+    // (scatter-add each column entry into the input element it was read from), into a zeroed accumulator (grad_x's
+    // image itself, or f32 for f16/bf16). Images run over the threads (Note [Convolution over images]).
+    const WeightMatrix<acc_t, scalar_t> wmat(weight, g);
+    struct Worker {
+      Tensor gout, dcol, acc;
+      Gemm<acc_t> gemm;
+    };
+    const int64_t chunks = parallel::chunk_count(g.n_img, 1);
+    const bool by_image = chunks >= 2;
+    std::vector<Worker> workers;
+    workers.reserve(static_cast<size_t>(chunks));
+    for (int64_t c = 0; c < chunks; ++c) {
+      Tensor gout = gout_pack();
+      Tensor dcol = empty({g.k * g.plane}, acc_opts);
+      Tensor acc = kWiden ? empty({g.c * g.h * g.w}, acc_opts) : Tensor();
+      workers.push_back({std::move(gout), std::move(dcol), std::move(acc),
+                         Gemm<acc_t>(g.k, g.og, g.plane, 1, wmat.rs, gout_rs, gout_cs, !by_image)});
     }
-    if (!wmat.defined()) {
-      wmat = empty({g.o, g.k}, acc_opts);
-      const scalar_t* wp = static_cast<const scalar_t*>(weight.raw_data());
-      acc_t* wm = static_cast<acc_t*>(wmat.raw_data());
-      for (int64_t oc = 0; oc < g.o; ++oc)
-        for (int64_t c = 0; c < g.cg; ++c)
-          for (int64_t i = 0; i < g.kh; ++i)
-            for (int64_t j = 0; j < g.kw; ++j)
-              wm[oc * g.k + (c * g.kh + i) * g.kw + j] = static_cast<acc_t>(wp[oc * s0 + c * s1 + i * s2 + j * s3]);
-    }
-    dcol = empty({1, g.k, g.plane}, acc_opts);
-    if constexpr (kWiden) gx_acc = empty({g.c * g.h * g.w}, acc_opts);
-  }
-  // ---- grad_w workspace: one (image, group)'s im2col columns, the product of one image, and (f16/bf16, or images
-  // after the first) the float accumulator over images.
-  Tensor col, gw_prod, gw_acc;
-  if (grad_w.defined()) {
-    col = empty({1, g.k, g.plane}, acc_opts);
-    if (g.n_img > 1) gw_prod = empty({1, g.og, g.k}, acc_opts);
-    gw_acc = kWiden ? empty({g.o, g.k}, acc_opts) : grad_w.view({g.o, g.k});
-  }
-  const scalar_t* xp = grad_w.defined() ? static_cast<const scalar_t*>(x.raw_data()) : nullptr;
-  const int64_t xs0 = x.stride(0), xs1 = x.stride(1), xs2 = x.stride(2), xs3 = x.stride(3);
-
-  for (int64_t n = 0; n < g.n_img; ++n) {
-    // grad_x of image n accumulates in acc (float for f16/bf16, else grad_x itself, contiguous).
-    acc_t* gx = nullptr;
-    if (grad_x.defined()) {
+    scalar_t* gxp = static_cast<scalar_t*>(grad_x.raw_data());
+    const int64_t sw = p.stride[1];
+    auto image = [&](int64_t n, Worker& wk, bool split) {
+      acc_t* gx;
       if constexpr (kWiden)
-        gx = static_cast<acc_t*>(gx_acc.raw_data());
+        gx = static_cast<acc_t*>(wk.acc.raw_data());
       else
-        gx = static_cast<scalar_t*>(grad_x.raw_data()) + n * g.c * g.h * g.w;
+        gx = gxp + n * g.c * g.h * g.w;
       std::fill(gx, gx + g.c * g.h * g.w, acc_t(0));
-    }
-    for (int64_t grp = 0; grp < g.groups; ++grp) {
-      const Tensor gout = grad_out_matrix(n, grp);
-      if (grad_x.defined()) {
-        // Column gradient [K, plane] = W_g^T [K, og] @ grad_out [og, plane], then col2im: scatter-add each column
-        // entry into the input element it was read from.
-        gemm(wmat.narrow(0, grp * g.og, g.og).transpose(0, 1).unsqueeze(0), gout, dcol);
-        const acc_t* dc = static_cast<const acc_t*>(dcol.raw_data());
+      acc_t* dc = static_cast<acc_t*>(wk.dcol.raw_data());
+      for (int64_t grp = 0; grp < g.groups; ++grp) {
+        wk.gemm.run(wmat.data + grp * g.og * wmat.rs, grad_out_matrix(n, grp, wk.gout), dc, g.plane);
         acc_t* gxg = gx + grp * g.cg * g.h * g.w;
-        const int64_t sw = p.stride[1];
-        // A channel's column rows scatter only into that channel's plane: channels are split over the threads.
-        parallel::parallel_for(g.cg, channel_grain, [&](int64_t c0, int64_t c1) {
+        // A channel's column rows scatter only into that channel's plane.
+        auto col2im = [&](int64_t c0, int64_t c1) {
           for_each_tap_run(g, p, c0, c1, [&](int64_t row, int64_t c, int64_t q0, int64_t iy, int64_t ix0, int64_t cnt) {
             acc_t* dst = gxg + (c * g.h + iy) * g.w + ix0;
             const acc_t* src = dc + row * g.plane + q0;
@@ -143,49 +106,84 @@ void conv2d_backward_typed(const Tensor& grad_out, const Tensor& x, const Tensor
               for (int64_t t = 0; t < cnt; ++t) dst[t * sw] += src[t];
             }
           });
-        });
+        };
+        if (split)
+          parallel::parallel_for(g.cg, channel_grain, col2im);
+        else
+          col2im(0, g.cg);
       }
-      if (grad_w.defined()) {
-        // im2col of (n, grp), then grad_w_g [og, K] (+)= grad_out [og, plane] @ col^T [plane, K].
-        acc_t* cd = static_cast<acc_t*>(col.raw_data());
-        const scalar_t* xg = xp + n * xs0 + grp * g.cg * xs1;
-        const int64_t step = p.stride[1] * xs3, rows_per_c = g.kh * g.kw;
-        parallel::parallel_for(g.cg, channel_grain, [&](int64_t c0, int64_t c1) {  // channels own their rows
-          std::fill(cd + c0 * rows_per_c * g.plane, cd + c1 * rows_per_c * g.plane, acc_t(0));
-          for_each_tap_run(g, p, c0, c1, [&](int64_t row, int64_t c, int64_t q0, int64_t iy, int64_t ix0, int64_t cnt) {
-            acc_t* dst = cd + row * g.plane + q0;
-            const scalar_t* src = xg + c * xs1 + iy * xs2 + ix0 * xs3;
-            if (step == 1) {
-              for (int64_t t = 0; t < cnt; ++t) dst[t] = static_cast<acc_t>(src[t]);
-            } else {
-              for (int64_t t = 0; t < cnt; ++t) dst[t] = static_cast<acc_t>(src[t * step]);
-            }
-          });
-        });
-        const Tensor acc_g = gw_acc.narrow(0, grp * g.og, g.og);
-        if (n == 0) {
-          gemm(gout, col.transpose(1, 2), acc_g.unsqueeze(0));
-        } else {
-          gemm(gout, col.transpose(1, 2), gw_prod);
-          acc_t* dst = static_cast<acc_t*>(acc_g.raw_data());
-          const acc_t* src = static_cast<const acc_t*>(gw_prod.raw_data());
-          for (int64_t e = 0; e < g.og * g.k; ++e) dst[e] += src[e];
-        }
-      }
-    }
-    if constexpr (kWiden) {
-      if (grad_x.defined()) {
-        scalar_t* dst = static_cast<scalar_t*>(grad_x.raw_data()) + n * g.c * g.h * g.w;
+      if constexpr (kWiden) {
+        scalar_t* dst = gxp + n * g.c * g.h * g.w;
         for (int64_t e = 0; e < g.c * g.h * g.w; ++e) dst[e] = scalar_t(gx[e]);
       }
-    }
+    };
+    if (by_image)
+      parallel::parallel_for(g.n_img, 1, 1, [&](int64_t c, int64_t lo, int64_t hi) {
+        for (int64_t n = lo; n < hi; ++n) image(n, workers[static_cast<size_t>(c)], false);
+      });
+    else
+      for (int64_t n = 0; n < g.n_img; ++n) image(n, workers[0], true);
   }
-  if constexpr (kWiden) {
-    if (grad_w.defined()) {
-      const acc_t* src = static_cast<const acc_t*>(gw_acc.raw_data());
-      scalar_t* dst = static_cast<scalar_t*>(grad_w.raw_data());
-      for (int64_t e = 0; e < g.o * g.k; ++e) dst[e] = scalar_t(src[e]);
+
+  if (grad_w.defined()) {
+    // Partial sum q over its images: grad_w_g [og, K] (+)= grad_out [og, plane] @ col^T [plane, K] per image and
+    // group, the GEMM accumulating after the partial's first image. Partial 0 is the result (grad_w itself, or f32
+    // for f16/bf16); the others are workspace, added to it in order at the end.
+    const int64_t wk_numel = g.o * g.k;
+    const int64_t parts = weight_partials(g.n_img, wk_numel * static_cast<int64_t>(sizeof(acc_t)));
+    const Tensor acc0 = kWiden ? empty({wk_numel}, acc_opts) : Tensor();
+    const Tensor rest = parts > 1 ? empty({(parts - 1) * wk_numel}, acc_opts) : Tensor();
+    acc_t* gw0 = kWiden ? static_cast<acc_t*>(acc0.raw_data()) : static_cast<acc_t*>(grad_w.raw_data());
+    acc_t* gw_rest = parts > 1 ? static_cast<acc_t*>(rest.raw_data()) : nullptr;
+    struct Worker {
+      Tensor gout, col;
+      Gemm<acc_t> gemm;
+    };
+    const int64_t chunks = parallel::chunk_count(parts, 1);
+    const bool by_part = chunks >= 2;
+    std::vector<Worker> workers;
+    workers.reserve(static_cast<size_t>(chunks));
+    for (int64_t c = 0; c < chunks; ++c) {
+      Tensor gout = gout_pack();
+      Tensor col = empty({g.k * g.plane}, acc_opts);
+      workers.push_back(
+          {std::move(gout), std::move(col), Gemm<acc_t>(g.og, g.plane, g.k, gout_rs, gout_cs, 1, g.plane, !by_part)});
     }
+    const scalar_t* xp = static_cast<const scalar_t*>(x.raw_data());
+    const int64_t xs0 = x.stride(0), xs1 = x.stride(1), xs2 = x.stride(2), xs3 = x.stride(3);
+    auto partial = [&](int64_t q, Worker& wk, bool split) {
+      acc_t* acc = q == 0 ? gw0 : gw_rest + (q - 1) * wk_numel;
+      acc_t* cd = static_cast<acc_t*>(wk.col.raw_data());
+      const int64_t n0 = parallel::chunk_begin(q, parts, g.n_img, 1),
+                    n1 = parallel::chunk_begin(q + 1, parts, g.n_img, 1);
+      for (int64_t n = n0; n < n1; ++n)
+        for (int64_t grp = 0; grp < g.groups; ++grp) {
+          const scalar_t* xg = xp + n * xs0 + grp * g.cg * xs1;
+          if (split)  // channels own their rows
+            parallel::parallel_for(g.cg, channel_grain,
+                                   [&](int64_t c0, int64_t c1) { im2col(g, p, xg, xs1, xs2, xs3, c0, c1, cd); });
+          else
+            im2col(g, p, xg, xs1, xs2, xs3, 0, g.cg, cd);
+          wk.gemm.run(grad_out_matrix(n, grp, wk.gout), cd, acc + grp * g.og * g.k, g.k, /*accumulate=*/n != n0);
+        }
+    };
+    if (by_part)
+      parallel::parallel_for(parts, 1, 1, [&](int64_t c, int64_t lo, int64_t hi) {
+        for (int64_t q = lo; q < hi; ++q) partial(q, workers[static_cast<size_t>(c)], false);
+      });
+    else
+      for (int64_t q = 0; q < parts; ++q) partial(q, workers[0], true);
+    if (parts > 1 || kWiden)
+      parallel::parallel_for(wk_numel, kElementGrain, [&](int64_t lo, int64_t hi) {
+        for (int64_t e = lo; e < hi; ++e) {
+          acc_t v = gw0[e];
+          for (int64_t q = 1; q < parts; ++q) v += gw_rest[(q - 1) * wk_numel + e];
+          if constexpr (kWiden)
+            static_cast<scalar_t*>(grad_w.raw_data())[e] = scalar_t(v);
+          else
+            gw0[e] = v;
+        }
+      });
   }
 }
 
@@ -276,39 +274,44 @@ void avg_pool2d_backward_kernel(const Tensor& grad_out, const Pool2dParams& p, c
 
 bool widens(DType dtype) { return dtype == DType::f16 || dtype == DType::bf16; }
 
-// conv2d_backward_typed's workspace in its order: the packed grad_out matrix unless viewed in place; for grad_x the
-// packed weight unless used in place, the column gradient and (f16/bf16) the image accumulator; for grad_w the
-// columns, the per-image product and (f16/bf16) the accumulator; then what its GEMMs take, each freeing its own.
+// conv2d_backward_typed's workspace in its order. grad_x: the packed weight unless used in place, then per chunk the
+// packed grad_out matrix unless viewed in place, the column gradient, (f16/bf16) the image accumulator and the
+// Gemm's workspace, all freed before grad_w's: (f16/bf16) the f32 result, the other partial sums, then per chunk the
+// packed grad_out matrix, the columns and the Gemm's workspace.
 void conv2d_backward_meta_kernel(const Tensor& grad_out, const Tensor& x, const Tensor& weight, const Conv2dParams& p,
                                  const Tensor& grad_x, const Tensor& grad_w) {
+  if (grad_out.numel() == 0) return;
   const bool widen = widens(grad_out.dtype());
   const DType acc = widen ? DType::f32 : grad_out.dtype();
   const ConvGeometry g(x, weight, grad_out, p);
-  MetaWorkspace ws;
   const bool gout_view = !widen && grad_out.stride(2) == grad_out.stride(3) * g.ow;
-  // The [og, plane] matrix of one (image, group) as the kernel hands it to its GEMMs.
-  const Tensor gout = gout_view ? grad_out.select(0, 0).narrow(0, 0, g.og).view({1, g.og, g.plane}) : Tensor();
-  const int64_t gout_rs = gout_view ? gout.stride(1) : g.plane, gout_cs = gout_view ? gout.stride(2) : 1;
-  if (!gout_view) ws.take(g.og * g.plane, acc);
-  int64_t wmat_rs = g.k;
+  const int64_t gout_rs = gout_view ? grad_out.stride(1) : g.plane, gout_cs = gout_view ? grad_out.stride(3) : 1;
   if (grad_x.defined()) {
+    MetaWorkspace ws;
     const bool in_place =
         !widen && weight.stride(3) == 1 && weight.stride(2) == g.kw && weight.stride(1) == g.kh * g.kw;
-    if (in_place)
-      wmat_rs = weight.stride(0);
-    else
-      ws.take(g.o * g.k, acc);
-    ws.take(g.k * g.plane, acc);
-    if (widen) ws.take(g.c * g.h * g.w, acc);
+    if (!in_place) ws.take(g.o * g.k, acc);
+    const int64_t chunks = parallel::chunk_count(g.n_img, 1);
+    for (int64_t c = 0; c < chunks; ++c) {
+      if (!gout_view) ws.take(g.og * g.plane, acc);
+      ws.take(g.k * g.plane, acc);
+      if (widen) ws.take(g.c * g.h * g.w, acc);
+      take_gemm_workspace(ws, acc, g.k, g.og, g.plane, 1, in_place ? weight.stride(0) : g.k, gout_rs, gout_cs,
+                          chunks == 1);
+    }
   }
   if (grad_w.defined()) {
-    ws.take(g.k * g.plane, acc);
-    if (g.n_img > 1) ws.take(g.og * g.k, acc);
+    MetaWorkspace ws;
+    const int64_t parts = weight_partials(g.n_img, g.o * g.k * itemsize(acc));
     if (widen) ws.take(g.o * g.k, acc);
+    if (parts > 1) ws.take((parts - 1) * g.o * g.k, acc);
+    const int64_t chunks = parallel::chunk_count(parts, 1);
+    for (int64_t c = 0; c < chunks; ++c) {
+      if (!gout_view) ws.take(g.og * g.plane, acc);
+      ws.take(g.k * g.plane, acc);
+      take_gemm_workspace(ws, acc, g.og, g.plane, g.k, gout_rs, gout_cs, 1, g.plane, chunks == 1);
+    }
   }
-  // grad_x: W_g^T [K, og] @ grad_out [og, plane]; grad_w: grad_out [og, plane] @ col^T [plane, K].
-  if (grad_x.defined()) replay_bmm_workspace(acc, 1, g.k, g.og, g.plane, 1, wmat_rs, gout_rs, gout_cs);
-  if (grad_w.defined()) replay_bmm_workspace(acc, 1, g.og, g.plane, g.k, gout_rs, gout_cs, 1, g.plane);
 }
 
 // accumulate_planes' f32 plane for f16/bf16.

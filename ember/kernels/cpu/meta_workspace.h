@@ -29,8 +29,9 @@ class MetaWorkspace {
 
 // The workspace one call of the CPU bmm kernel takes for [B, M, K] x [B, K, N] operands of `dtype` (B > 0, M, N > 0)
 // whose matrices have element strides (rows, cols) = (a_rs, a_cs) and (b_rs, b_cs): packed copies, f32 staging for
-// f16/bf16, Eigen's GEMM panels, per chunk when it runs on several threads (Note [Parallel GEMM] in matmul.cpp). Taken into a fresh workspace and freed before it returns, as the call.
-void replay_bmm_workspace(DType dtype, int64_t B, int64_t M, int64_t K, int64_t N, int64_t a_rs, int64_t a_cs, int64_t b_rs,
-                          int64_t b_cs);
+// f16/bf16, Eigen's GEMM panels, per chunk when it runs on several threads (Note [Parallel GEMM] in gemm.cpp). Taken
+// into a fresh workspace and freed before it returns, as the call.
+void replay_bmm_workspace(DType dtype, int64_t B, int64_t M, int64_t K, int64_t N, int64_t a_rs, int64_t a_cs,
+                          int64_t b_rs, int64_t b_cs);
 
 }  // namespace ember::kernels::cpu
