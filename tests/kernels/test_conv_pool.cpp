@@ -289,6 +289,26 @@ TEST_P(MaxPool2dTest, NaNPropagates) {
   EXPECT_EQ(r.indices.item<int64_t>(), 1);
 }
 
+TEST_P(MaxPool2dTest, NaNsAndTiesEverywhereMatchTheReference) {
+  EMBER_REQUIRE_KERNEL(max_pool2d_stub);
+  // Values from {0, 1, NaN}: every window has ties and NaNs in all positions, so the first-maximum and last-NaN
+  // rules decide the indices (the 2x2 / stride-2 path selects without branches; the general path too).
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  std::vector<double> v;
+  for (int64_t i = 0; i < 2 * 3 * 8 * 10; ++i) v.push_back(i % 7 == 3 || i % 11 == 5 ? nan : double((i * 5) % 3 / 2));
+  const Tensor x = from_vector(v, {2, 3, 8, 10});
+  for (const Pool2dParams& p : {pool_params(2, 2, 2, 2, 0, 0), pool_params(3, 3, 1, 1, 1, 1)}) {
+    Tensor want_out, want_idx;
+    max_pool_ref(x, p, &want_out, &want_idx);
+    for (DType dt : {DType::f32, DType::f64, DType::bf16}) {
+      SCOPED_TRACE(dtype_name(dt));
+      const MaxPoolResult r = max_pool2d_with_indices(x.to(dt).to(device()), p);
+      EXPECT_TRUE(allclose(r.out, want_out, {0, 0}));
+      EXPECT_EQ(r.indices.to(Device::cpu()).to_vector<int64_t>(), want_idx.to_vector<int64_t>());
+    }
+  }
+}
+
 TEST_P(MaxPool2dTest, MatchesReference) {
   EMBER_REQUIRE_KERNEL(max_pool2d_stub);
   for (const auto& [shape, p] : pool_configs()) {
