@@ -99,9 +99,10 @@ TEST(ParallelKernels, ElementwiseSoftmaxLayerNormAndDropout) {
 
 TEST(ParallelKernels, ReductionsSplitOverOutputs) {
   const Tensor x = rand_input({64, 32, 12, 12}).to(DType::f32);
-  expect_thread_count_invariant("sum, mean, var, amax, argmax over kept outputs", [&] {
+  expect_thread_count_invariant("sum, mean, var, amax, argmax over kept outputs, sums down strided columns", [&] {
     return std::vector<Tensor>{ops::sum(x, {0, 2, 3}), ops::mean(x, {1}), ops::var(x, {3}), ops::amax(x, {0}),
-                               ops::argmax(x, 2), ops::sum(x.transpose(1, 3), {3})};
+                               ops::argmax(x, 2), ops::sum(x.transpose(1, 3), {3}), ops::sum(x, {0}),
+                               ops::mean(x, {0, 2})};
   });
 }
 

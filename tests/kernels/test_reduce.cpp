@@ -190,6 +190,26 @@ TEST_P(ReduceTest, EmptyReductions) {
   EXPECT_THROW(argmin(empty({3, 0}, f32), 1), ValueError);
 }
 
+TEST_P(ReduceTest, SumsDownStridedColumnsMatchReference) {
+  // Outputs side by side in the input and the reduced dim strided (a bias gradient's sum over the batch): the CPU
+  // kernel adds whole rows, in blocks of outputs that wrap over the kept dims.
+  EMBER_REQUIRE_KERNEL(reduce_stub);
+  for (Red op : {Red::Sum, Red::Mean}) {
+    for (const auto& [shape, dims] : std::vector<std::pair<Shape, std::vector<int64_t>>>{
+             {{70, 600}, {0}}, {{5, 7, 90}, {0}}, {{4, 300, 3}, {1}}, {{3, 6, 2, 130}, {0, 2}}}) {
+      SCOPED_TRACE(::testing::Message() << red_name(op) << " x " << shape_str(shape) << " dims " << shape_str(dims));
+      OpCase c{red_name(op), {rand_input(shape)}, [=](const Inputs& in) { return run(op, in[0], dims, false); }};
+      c.reference = [=](const Inputs& in) { return ref_reduce(in[0], dims, false, op); };
+      check_op(c, device());
+    }
+  }
+  std::vector<int32_t> v;
+  for (int32_t i = 0; i < 3 * 300; ++i) v.push_back(i % 17 - 8);
+  const Tensor xi = from_vector<int32_t>(v, {3, 300}).to(device());
+  const std::vector<int64_t> got = sum(xi, {0}).to_vector<int64_t>();
+  for (int64_t j = 0; j < 300; ++j) EXPECT_EQ(got[j], v[j] + v[300 + j] + v[600 + j]) << j;
+}
+
 TEST_P(ReduceTest, IntegerAndBoolSumsGiveI64) {
   EMBER_REQUIRE_KERNEL(reduce_stub);
   const Tensor xi = from_vector<int32_t>({1, -2, 3, 4, 5, -6}, {2, 3}).to(device());

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <type_traits>
+#include <vector>
 
 #include "ember/core/parallel.h"
 #include "ember/kernels/cpu/loops.h"
@@ -67,6 +68,66 @@ void for_each_reduced(const ReducedGeometry& g, F&& f) {
   }
 }
 
+// The sum of the reduced elements at p as acc_t (double for floating types, int64 for integers), in a fixed order
+// that depends only on the geometry (never on threads). When the innermost reduced run is contiguous, each run is
+// added in kLanes interleaved partial sums, combined pairwise, then added to the total in run order: independent
+// lanes let the compiler vectorise the widening adds, where one running sum waits on each add's latency. Otherwise
+// the elements are added one by one in row-major order of the reduced dims (the order sum_columns keeps).
+template <class acc_t, class math_t, class T>
+acc_t sum_reduced(const ReducedGeometry& g, const T* p) {
+  constexpr int64_t kLanes = 8;
+  acc_t total = 0;
+  const int64_t nd = static_cast<int64_t>(g.sizes.size());
+  if (nd == 0 || g.strides[nd - 1] != 1) {
+    for_each_reduced(g, [&](int64_t off, int64_t) { total += static_cast<acc_t>(static_cast<math_t>(p[off])); });
+    return total;
+  }
+  const int64_t inner_n = g.sizes[nd - 1];
+  auto run_sum = [&](const T* q) {  // one contiguous innermost run
+    acc_t lane[kLanes] = {};
+    int64_t i = 0;
+    for (; i + kLanes <= inner_n; i += kLanes)
+      for (int64_t l = 0; l < kLanes; ++l) lane[l] += static_cast<acc_t>(static_cast<math_t>(q[i + l]));
+    for (; i < inner_n; ++i) lane[i % kLanes] += static_cast<acc_t>(static_cast<math_t>(q[i]));
+    for (int64_t w = kLanes / 2; w > 0; w /= 2)
+      for (int64_t l = 0; l < w; ++l) lane[l] += lane[l + w];
+    return lane[0];
+  };
+  int64_t idx_buf[16] = {};
+  std::vector<int64_t> idx_vec;
+  int64_t* idx = idx_buf;
+  if (nd > 16) {
+    idx_vec.assign(static_cast<size_t>(nd), 0);
+    idx = idx_vec.data();
+  }
+  int64_t base = 0;
+  while (true) {
+    total += run_sum(p + base);
+    int64_t d = nd - 2;
+    for (; d >= 0; --d) {
+      ++idx[d];
+      base += g.strides[d];
+      if (idx[d] < g.sizes[d]) break;
+      base -= g.strides[d] * g.sizes[d];
+      idx[d] = 0;
+    }
+    if (d < 0) return total;
+  }
+}
+
+// The sums of n consecutive outputs whose elements sit side by side (unit stride along the outputs, the reduced dims
+// strided: a bias gradient's sum over the batch), into acc[0 .. n): each reduced element's row of n is added in
+// row-major order of the reduced dims, so each output is summed in sum_reduced's one-by-one order, and the adds run
+// along the contiguous row (vectorised) instead of down a strided column per output.
+template <class acc_t, class math_t, class T>
+void sum_columns(const ReducedGeometry& g, const T* p, int64_t n, acc_t* acc) {
+  std::fill(acc, acc + n, acc_t(0));
+  for_each_reduced(g, [&](int64_t off, int64_t) {
+    const T* row = p + off;
+    for (int64_t j = 0; j < n; ++j) acc[j] += static_cast<acc_t>(static_cast<math_t>(row[j]));
+  });
+}
+
 template <class T>
 bool is_nan_value(T v) {
   if constexpr (std::is_floating_point_v<op_math_t<T>>)
@@ -100,6 +161,9 @@ void reduce_typed(ReduceOp op, const Tensor& in, const Tensor& out, const std::v
   // Outputs are independent (each walks its own reduced elements in the same order), so they are split over the CPU
   // threads; a chunk starts its odometer at its first output.
   const int64_t grain = std::max<int64_t>(1, kElementGrain / std::max<int64_t>(g.numel, 1));
+  // Sums over strided rows whose outputs lie side by side in the input take sum_columns (same order per output).
+  const bool columns = (op == ReduceOp::Sum || op == ReduceOp::Mean) && src != nullptr && nk > 0 &&
+                       kept_strides[nk - 1] == 1 && !g.sizes.empty() && g.strides.back() != 1;
   parallel::parallel_for(n_out, grain, [&](int64_t o_begin, int64_t o_end) {
     std::vector<int64_t> kidx(static_cast<size_t>(nk), 0);
     int64_t base = 0;
@@ -108,14 +172,43 @@ void reduce_typed(ReduceOp op, const Tensor& in, const Tensor& out, const std::v
       rem /= kept_sizes[d];
       base += kidx[d] * kept_strides[d];
     }
+    if (columns) {
+      constexpr int64_t kBlock = 256;
+      acc_t acc[kBlock];
+      for (int64_t o = o_begin; o < o_end;) {
+        // Outputs o .. o+n-1 run along the innermost kept dim (input stride 1) without wrapping.
+        const int64_t n = std::min({o_end - o, kept_sizes[nk - 1] - kidx[nk - 1], kBlock});
+        sum_columns<acc_t, math_t>(g, src + base, n, acc);
+        for (int64_t j = 0; j < n; ++j) {
+          if (op == ReduceOp::Mean) {
+            if constexpr (kFloat) dst[o + j] = convert<OutT>(acc[j] / static_cast<double>(g.numel));
+          } else {
+            dst[o + j] = convert<OutT>(acc[j]);
+          }
+        }
+        o += n;
+        kidx[nk - 1] += n;
+        base += n;
+        if (kidx[nk - 1] < kept_sizes[nk - 1]) continue;
+        for (int64_t d = nk - 1; d >= 0; --d) {  // carry: the innermost kept dim wrapped
+          if (d < nk - 1) {
+            ++kidx[d];
+            base += kept_strides[d];
+          }
+          if (kidx[d] < kept_sizes[d]) break;
+          base -= kept_strides[d] * kept_sizes[d];
+          kidx[d] = 0;
+        }
+      }
+      return;
+    }
     for (int64_t o = o_begin; o < o_end; ++o) {
       // An empty input (a reduced dim of size 0) may have no storage: nothing is read, so the offset is not applied.
       const T* p = src == nullptr ? src : src + base;
       switch (op) {
         case ReduceOp::Sum:
         case ReduceOp::Mean: {
-          acc_t acc = 0;
-          for_each_reduced(g, [&](int64_t off, int64_t) { acc += static_cast<acc_t>(static_cast<math_t>(p[off])); });
+          const acc_t acc = sum_reduced<acc_t, math_t>(g, p);
           if (op == ReduceOp::Mean) {
             if constexpr (kFloat) dst[o] = convert<OutT>(acc / static_cast<double>(g.numel));
           } else {
