@@ -4,6 +4,7 @@
 // the same bits whichever thread runs which chunk (Note [Parallel chunks]).
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 
@@ -45,6 +46,19 @@ inline void parallel_for(int64_t n, int64_t grain, const std::function<void(int6
 
 // True on a pool worker, or on the calling thread while it runs chunks.
 bool in_parallel_region();
+
+// Runs f(slot, item) once for every item in [0, items) on `slots` chunks (slots <= chunk_count(slots, 1), e.g. the
+// chunk_count a kernel took per-slot workspace for): each chunk claims the next unclaimed item whenever it is free,
+// so a thread the OS deschedules holds up one item, not a fixed share of them. Which slot runs an item depends on
+// timing, so each item must own its outputs and compute them the same way in any slot (its own workspace aside).
+inline void for_each_claimed(int64_t items, int64_t slots, const std::function<void(int64_t, int64_t)>& f) {
+  std::atomic<int64_t> next{0};
+  parallel_for(slots, 1, 1, [&](int64_t slot, int64_t, int64_t) {
+    for (int64_t item = next.fetch_add(1, std::memory_order_relaxed); item < items;
+         item = next.fetch_add(1, std::memory_order_relaxed))
+      f(slot, item);
+  });
+}
 
 }  // namespace parallel
 }  // namespace ember

@@ -111,6 +111,30 @@ TEST(Parallel, TwoUserThreadsShareThePool) {
   EXPECT_EQ(s2.load(), 200 * 10000);
 }
 
+TEST(Parallel, ClaimedItemsRunOnceEachOnTheirSlots) {
+  for (int threads : {1, 2, 3}) {
+    ScopedNumThreads tc(threads);
+    for (int64_t items : {0, 1, 2, 5, 64}) {
+      SCOPED_TRACE(::testing::Message() << "threads " << threads << " items " << items);
+      const int64_t slots = parallel::chunk_count(items, 1);
+      std::vector<std::atomic<int>> hits(static_cast<size_t>(items));
+      std::atomic<int> bad_slot{0};
+      parallel::for_each_claimed(items, std::max<int64_t>(slots, 1), [&](int64_t slot, int64_t item) {
+        if (slot < 0 || slot >= std::max<int64_t>(slots, 1)) ++bad_slot;
+        ++hits[static_cast<size_t>(item)];
+      });
+      EXPECT_EQ(bad_slot.load(), 0);
+      for (int64_t i = 0; i < items; ++i) EXPECT_EQ(hits[static_cast<size_t>(i)].load(), 1) << i;
+    }
+    // Inside a chunk: one slot, every item on the calling thread.
+    std::atomic<int> inner{0};
+    parallel::parallel_for(2, 1, [&](int64_t, int64_t) {
+      parallel::for_each_claimed(5, 1, [&](int64_t slot, int64_t) { inner += slot == 0 ? 1 : 100; });
+    });
+    EXPECT_EQ(inner.load(), threads >= 2 ? 10 : 5);
+  }
+}
+
 TEST(Parallel, BadThreadCountsAreConfigErrors) {
   const int before = get_num_threads();
   EXPECT_THROW(set_num_threads(0), ConfigError);

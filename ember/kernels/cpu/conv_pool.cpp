@@ -28,10 +28,11 @@ namespace {
 // Meta entry that takes the same on meta (Note [Meta kernels] in kernels/stubs.h): change the two together.
 
 // Note [Convolution over images]
-// A batch of images runs on the CPU threads image by image: with c = chunk_count(N, 1) >= 2 chunks, each chunk takes
-// a range of images with its own columns and a serial Gemm (gemm.h), so an image's columns are written and multiplied
-// on one core and no image waits for another. With one chunk (one image, or one thread) the images run in turn and
-// each one's im2col (by channel) and GEMM (in row or column blocks) are split instead. Every output element is
+// A batch of images runs on the CPU threads image by image: with c = chunk_count(N, 1) >= 2 chunks, each chunk has
+// its own columns and a serial Gemm (gemm.h) and claims the next image whenever it is free (for_each_claimed), so an
+// image's columns are written and multiplied on one core, no image waits for another, and a thread the OS
+// deschedules holds up one image, not half the batch. With one chunk (one image, or one thread) the images run in turn
+// and each one's im2col (by channel) and GEMM (in row or column blocks) are split instead. Every output element is
 // computed by the same operations in the same order either way (a split GEMM sums like a serial one: Note [Parallel
 // GEMM] in gemm.cpp), so results do not depend on the thread count. The bias is the first term of each output's sum:
 // the rows are filled with it and the GEMM accumulates onto them. The weight gradient, a sum over images, is split
@@ -96,9 +97,8 @@ void conv2d_typed(const Tensor& x, const Tensor& weight, const Tensor& bias, con
     }
   };
   if (by_image) {
-    parallel::parallel_for(g.n_img, 1, 1, [&](int64_t c, int64_t lo, int64_t hi) {
-      for (int64_t n = lo; n < hi; ++n) image(n, workers[static_cast<size_t>(c)], false);
-    });
+    parallel::for_each_claimed(g.n_img, chunks,
+                               [&](int64_t c, int64_t n) { image(n, workers[static_cast<size_t>(c)], false); });
   } else {
     for (int64_t n = 0; n < g.n_img; ++n) image(n, workers[0], true);
   }

@@ -118,9 +118,8 @@ void conv2d_backward_typed(const Tensor& grad_out, const Tensor& x, const Tensor
       }
     };
     if (by_image)
-      parallel::parallel_for(g.n_img, 1, 1, [&](int64_t c, int64_t lo, int64_t hi) {
-        for (int64_t n = lo; n < hi; ++n) image(n, workers[static_cast<size_t>(c)], false);
-      });
+      parallel::for_each_claimed(g.n_img, chunks,
+                                 [&](int64_t c, int64_t n) { image(n, workers[static_cast<size_t>(c)], false); });
     else
       for (int64_t n = 0; n < g.n_img; ++n) image(n, workers[0], true);
   }
@@ -168,9 +167,8 @@ void conv2d_backward_typed(const Tensor& grad_out, const Tensor& x, const Tensor
         }
     };
     if (by_part)
-      parallel::parallel_for(parts, 1, 1, [&](int64_t c, int64_t lo, int64_t hi) {
-        for (int64_t q = lo; q < hi; ++q) partial(q, workers[static_cast<size_t>(c)], false);
-      });
+      parallel::for_each_claimed(parts, chunks,
+                                 [&](int64_t c, int64_t q) { partial(q, workers[static_cast<size_t>(c)], false); });
     else
       for (int64_t q = 0; q < parts; ++q) partial(q, workers[0], true);
     if (parts > 1 || kWiden)
