@@ -3,6 +3,7 @@
 // accumulating or not, with packed (strided) operands and when run inside a parallel chunk; run() takes no memory
 // (all workspace is taken when the Gemm is made); the meta replay takes what the constructor takes.
 #include <cstring>
+#include <utility>
 #include <vector>
 
 #include "ember/core/meta_scope.h"
@@ -86,7 +87,8 @@ TEST(CpuGemm, SplitGivesTheSameBitsAsSerial) {
 
 TEST(CpuGemm, SplitGemmRunInsideAParallelChunkRunsItsBlocksInTurn) {
   const Case& c = cases()[1];
-  const auto [a, b] = operands<float>(c);
+  const std::pair<Tensor, Tensor> ab = operands<float>(c);
+  const Tensor &a = ab.first, &b = ab.second;  // not a structured binding: the lambda below captures them
   const Tensor c0 = zeros({c.M, c.N}, TensorOptions(DType::f32, Device::cpu()));
   const Tensor serial = run_gemm<float>(a, b, c0, false, false, 1);
   ScopedNumThreads tc(2);

@@ -181,6 +181,9 @@ TEST_P(ReduceTest, EmptyReductions) {
   EXPECT_EQ(s.sizes(), Shape({3}));
   EXPECT_EQ(s.to_vector<double>(), std::vector<double>(3, 0.0));
   EXPECT_EQ(sum(empty({2, 0}, f32), {1}, true).sizes(), Shape({2, 1}));
+  // An empty outer reduced dim with a contiguous inner one (no storage to read), and its mean.
+  EXPECT_EQ(sum(empty({0, 3, 4}, f32), {0, 2}).to_vector<double>(), std::vector<double>(3, 0.0));
+  EXPECT_EQ(sum(empty({3, 0, 4}, f32), {1}).to_vector<double>(), std::vector<double>(12, 0.0));
   EXPECT_EQ(sum(empty({0, 3}, f32), {1}).sizes(), Shape({0}));     // empty output, non-empty reduction
   EXPECT_EQ(amax(empty({0, 3}, f32), {1}).sizes(), Shape({0}));
   EXPECT_THROW(amax(empty({0, 3}, f32), {0}), ValueError);
@@ -195,8 +198,10 @@ TEST_P(ReduceTest, SumsDownStridedColumnsMatchReference) {
   // kernel adds whole rows, in blocks of outputs that wrap over the kept dims.
   EMBER_REQUIRE_KERNEL(reduce_stub);
   for (Red op : {Red::Sum, Red::Mean}) {
-    for (const auto& [shape, dims] : std::vector<std::pair<Shape, std::vector<int64_t>>>{
+    for (const auto& shape_dims : std::vector<std::pair<Shape, std::vector<int64_t>>>{
              {{70, 600}, {0}}, {{5, 7, 90}, {0}}, {{4, 300, 3}, {1}}, {{3, 6, 2, 130}, {0, 2}}}) {
+      const Shape& shape = shape_dims.first;
+      const std::vector<int64_t> dims = shape_dims.second;  // captured by the lambdas below
       SCOPED_TRACE(::testing::Message() << red_name(op) << " x " << shape_str(shape) << " dims " << shape_str(dims));
       OpCase c{red_name(op), {rand_input(shape)}, [=](const Inputs& in) { return run(op, in[0], dims, false); }};
       c.reference = [=](const Inputs& in) { return ref_reduce(in[0], dims, false, op); };

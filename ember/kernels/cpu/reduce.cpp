@@ -36,16 +36,11 @@ ReducedGeometry reduced_geometry(const Tensor& in, const std::vector<int64_t>& d
   return g;
 }
 
-// Calls f(element_offset, k) for k = 0 .. numel-1 in row-major order of the reduced dims.
+// Calls f(offset) with the offset of the first element of every innermost run of the reduced dims (g.sizes.back()
+// elements, g.strides.back() apart), in row-major order of the outer reduced dims. g has at least one dim.
 template <class F>
-void for_each_reduced(const ReducedGeometry& g, F&& f) {
-  if (g.numel == 0) return;
+void for_each_run(const ReducedGeometry& g, F&& f) {
   const int64_t nd = static_cast<int64_t>(g.sizes.size());
-  if (nd == 0) {
-    f(int64_t{0}, int64_t{0});
-    return;
-  }
-  const int64_t inner_n = g.sizes[nd - 1], inner_s = g.strides[nd - 1];
   int64_t idx_buf[16] = {};
   std::vector<int64_t> idx_vec;
   int64_t* idx = idx_buf;
@@ -53,9 +48,9 @@ void for_each_reduced(const ReducedGeometry& g, F&& f) {
     idx_vec.assign(static_cast<size_t>(nd), 0);
     idx = idx_vec.data();
   }
-  int64_t base = 0, k = 0;
+  int64_t base = 0;
   while (true) {
-    for (int64_t i = 0; i < inner_n; ++i) f(base + i * inner_s, k++);
+    f(base);
     int64_t d = nd - 2;
     for (; d >= 0; --d) {
       ++idx[d];
@@ -68,6 +63,21 @@ void for_each_reduced(const ReducedGeometry& g, F&& f) {
   }
 }
 
+// Calls f(element_offset, k) for k = 0 .. numel-1 in row-major order of the reduced dims.
+template <class F>
+void for_each_reduced(const ReducedGeometry& g, F&& f) {
+  if (g.numel == 0) return;
+  if (g.sizes.empty()) {
+    f(int64_t{0}, int64_t{0});
+    return;
+  }
+  const int64_t inner_n = g.sizes.back(), inner_s = g.strides.back();
+  int64_t k = 0;
+  for_each_run(g, [&](int64_t base) {
+    for (int64_t i = 0; i < inner_n; ++i) f(base + i * inner_s, k++);
+  });
+}
+
 // The sum of the reduced elements at p as acc_t (double for floating types, int64 for integers), in a fixed order
 // that depends only on the geometry (never on threads). When the innermost reduced run is contiguous, each run is
 // added in kLanes interleaved partial sums, combined pairwise, then added to the total in run order: independent
@@ -77,6 +87,7 @@ template <class acc_t, class math_t, class T>
 acc_t sum_reduced(const ReducedGeometry& g, const T* p) {
   constexpr int64_t kLanes = 8;
   acc_t total = 0;
+  if (g.numel == 0) return total;  // an empty input may have no storage
   const int64_t nd = static_cast<int64_t>(g.sizes.size());
   if (nd == 0 || g.strides[nd - 1] != 1) {
     for_each_reduced(g, [&](int64_t off, int64_t) { total += static_cast<acc_t>(static_cast<math_t>(p[off])); });
@@ -93,26 +104,8 @@ acc_t sum_reduced(const ReducedGeometry& g, const T* p) {
       for (int64_t l = 0; l < w; ++l) lane[l] += lane[l + w];
     return lane[0];
   };
-  int64_t idx_buf[16] = {};
-  std::vector<int64_t> idx_vec;
-  int64_t* idx = idx_buf;
-  if (nd > 16) {
-    idx_vec.assign(static_cast<size_t>(nd), 0);
-    idx = idx_vec.data();
-  }
-  int64_t base = 0;
-  while (true) {
-    total += run_sum(p + base);
-    int64_t d = nd - 2;
-    for (; d >= 0; --d) {
-      ++idx[d];
-      base += g.strides[d];
-      if (idx[d] < g.sizes[d]) break;
-      base -= g.strides[d] * g.sizes[d];
-      idx[d] = 0;
-    }
-    if (d < 0) return total;
-  }
+  for_each_run(g, [&](int64_t base) { total += run_sum(p + base); });
+  return total;
 }
 
 // The sums of n consecutive outputs whose elements sit side by side (unit stride along the outputs, the reduced dims
