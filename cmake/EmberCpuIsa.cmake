@@ -80,3 +80,11 @@ endif()
 list(JOIN EMBER_CPU_ISA_FLAGS " " _ember_isa_shown)
 message(STATUS "ember: CPU ISA ${EMBER_CPU_ISA_RESOLVED} (EMBER_CPU_ISA=${EMBER_CPU_ISA}: ${_ember_isa_why}),"
                " C++ flags '${_ember_isa_shown}'")
+
+# Note [No trapping math]
+# ember never unmasks floating-point exceptions, so a float comparison need not stay behind a branch for the flags it
+# might raise. Under GCC's default -ftrapping-math a loop that selects on one (x < 0 ? a : b) is not if-converted and
+# does not vectorise (kernels/cpu/vec_math.h, the softmax lanes). -fno-trapping-math changes no result; it is
+# Clang's default already. Every C++ target, both ISAs (Note [One CPU ISA for every target]).
+add_compile_options("$<$<COMPILE_LANGUAGE:CXX>:-fno-trapping-math>")
+

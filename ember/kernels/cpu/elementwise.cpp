@@ -5,17 +5,27 @@
 #include <type_traits>
 
 #include "ember/kernels/cpu/loops.h"
+#include "ember/kernels/cpu/vec_math.h"
 #include "ember/kernels/elementwise_math.h"
 #include "ember/kernels/stubs.h"
 
 namespace ember::kernels::cpu {
 namespace {
 
-// The same formula as the generic path (unary_fn), with Op a constant so the switch folds away.
+// The generic path's formula (unary_fn) with Op a constant so the switch folds away; f32 exp, sigmoid and the exact
+// GELU use the vectorisable forms of vec_math.h instead of libm's scalar calls (Note [Vectorisable float math]).
+template <class T, UnaryOp Op>
+T unary_fixed_fn(T x, double p0, double p1) {
+  if constexpr (std::is_same_v<T, float> && Op == UnaryOp::GeluErf) return gelu_vec(x);
+  if constexpr (std::is_same_v<T, float> && Op == UnaryOp::Exp) return exp_vec(x);
+  if constexpr (std::is_same_v<T, float> && Op == UnaryOp::Sigmoid) return 1.0f / (1.0f + exp_vec(-x));
+  return unary_fn<T>(Op, x, p0, p1);
+}
+
 template <class T, UnaryOp Op>
 void unary_fixed(UnaryParams p, const Tensor& in, const Tensor& out) {
   const double p0 = p.p0, p1 = p.p1;
-  map_elements_fast<T, T>(out, {in}, [p0, p1](T x) { return unary_fn<T>(Op, x, p0, p1); });
+  map_elements_fast<T, T>(out, {in}, [p0, p1](T x) { return unary_fixed_fn<T, Op>(x, p0, p1); });
 }
 
 // Runs the hot unary ops of f32/f64 through unary_fixed; false for every other (op, dtype).

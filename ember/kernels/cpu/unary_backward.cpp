@@ -5,18 +5,26 @@
 #include <type_traits>
 
 #include "ember/kernels/cpu/loops.h"
+#include "ember/kernels/cpu/vec_math.h"
 #include "ember/kernels/elementwise_math.h"
 #include "ember/kernels/stubs.h"
 
 namespace ember::kernels::cpu {
 namespace {
 
-// The same formula as the generic path (unary_backward_fn), with Op a constant so the switch folds away.
+// The generic path's formula (unary_backward_fn) with Op a constant so the switch folds away; the f32 exact GELU uses
+// the vectorisable form of vec_math.h (Note [Vectorisable float math]).
+template <class T, UnaryOp Op>
+T backward_fixed_fn(T g, T s, double p0, double p1) {
+  if constexpr (std::is_same_v<T, float> && Op == UnaryOp::GeluErf) return gelu_backward_vec(g, s);
+  return unary_backward_fn<T>(Op, g, s, p0, p1);
+}
+
 template <class T, UnaryOp Op>
 void backward_fixed(UnaryParams p, const Tensor& grad, const Tensor& saved, const Tensor& out) {
   const double p0 = p.p0, p1 = p.p1;
   map_elements_fast<T, T, T>(out, {grad, saved},
-                             [p0, p1](T g, T s) { return unary_backward_fn<T>(Op, g, s, p0, p1); });
+                             [p0, p1](T g, T s) { return backward_fixed_fn<T, Op>(g, s, p0, p1); });
 }
 
 // Runs the hot ops of f32/f64 through backward_fixed; false for every other (op, dtype).
