@@ -80,6 +80,11 @@ LayerNormResult layer_norm_with_stats(const Tensor& x, const Shape& normalized_s
 Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& weight = Tensor(),
                   const Tensor& bias = Tensor(), double eps = 1e-5);
 
+// Multi-head attention of a GPT block over its packed projection qkv [B, T, 3 C] -> [B, T, C] (ops::attention_qkv;
+// Note [Fused attention] in kernels/cpu/attention.cpp); differentiable in qkv. f32/f64 where has_attention_kernel.
+Tensor attention_qkv(const Tensor& qkv, int64_t n_head, bool causal);
+using ops::has_attention_kernel;
+
 // ---- embedding, convolution, pooling, dropout ------------------------------------------------------------------
 Tensor embedding(const Tensor& weight, const Tensor& indices);  // differentiable in weight
 using ops::embedding_backward;

@@ -16,6 +16,9 @@ enum class GeluApprox { None, Tanh };
 struct LayerNormResult {
   Tensor out, mean, rstd;  // mean/rstd: shape of x without the normalised dims
 };
+struct AttentionResult {
+  Tensor out, probs;  // out [B, T, C]; probs [B, H, T, T], the attention weights backward reads
+};
 struct MaxPoolResult {
   Tensor out, indices;
 };
@@ -95,6 +98,16 @@ LayerNormResult layer_norm_with_stats(const Tensor& x, const Shape& normalized_s
                                       const Tensor& bias, double eps = 1e-5);
 Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& weight = Tensor(),
                   const Tensor& bias = Tensor(), double eps = 1e-5);
+
+// ---- fused attention ----------------------------------------------------------------------------------------------
+// Multi-head attention over the packed projection qkv [B, T, 3 C] of a GPT block (q, k, v side by side, n_head heads
+// of C / n_head), scale 1 / sqrt(C / n_head): out [B, T, C] with the heads side by side, as y.transpose(1, 2)
+// .reshape({B, T, C}) of scaled_dot_product_attention over the split heads. f32/f64 on devices with the kernel
+// (has_attention_kernel); the composed ops elsewhere.
+AttentionResult attention_qkv(const Tensor& qkv, int64_t n_head, bool causal);
+Tensor attention_qkv_backward(const Tensor& grad_out, const Tensor& qkv, const Tensor& probs, int64_t n_head,
+                              bool causal);
+bool has_attention_kernel(Device device);
 
 // ---- embedding ------------------------------------------------------------------------------------------------
 Tensor embedding(const Tensor& weight, const Tensor& indices);  // out shape: indices.shape + [D]

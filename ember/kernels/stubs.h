@@ -195,4 +195,14 @@ using AmpUpdateScaleFn = void (*)(const Tensor& scale, const Tensor& growth_trac
 EMBER_DECLARE_STUB(amp_unscale, AmpUnscaleFn);
 EMBER_DECLARE_STUB(amp_update_scale, AmpUpdateScaleFn);
 
+// ---- fused attention over packed q, k, v ---------------------------------------------------------------------------
+// qkv [B, T, 3 C] (contiguous): q, k, v side by side, each [B, T, H, C / H]. out [B, T, C] = the heads' attention
+// outputs side by side; probs [B, H, T, T] = softmax(q k^T / sqrt(C / H)) with the causal mask (zeros above the
+// diagonal when causal). Backward: grad_out [B, T, C] (contiguous) -> grad_qkv [B, T, 3 C], every element written.
+using AttentionFn = void (*)(const Tensor& qkv, int64_t n_head, bool causal, const Tensor& out, const Tensor& probs);
+using AttentionBackwardFn = void (*)(const Tensor& grad_out, const Tensor& qkv, const Tensor& probs, int64_t n_head,
+                                     bool causal, const Tensor& grad_qkv);
+EMBER_DECLARE_STUB(attention, AttentionFn);
+EMBER_DECLARE_STUB(attention_backward, AttentionBackwardFn);
+
 }  // namespace ember

@@ -1,0 +1,205 @@
+// CPU fused multi-head attention over the packed projection qkv [B, T, 3 C] (f32/f64), forward and backward, and
+// their workspace replayed on meta.
+// Note [Fused attention]
+// The composed path (scaled_dot_product_attention over q, k, v slices of qkv) copies the strided heads before each
+// batched product, materialises the scaled scores, the mask and the masked scores, copies the output heads back side
+// by side, and in backward builds a zero-filled qkv-sized gradient for each of the three slices and adds them. Here
+// each (batch, head) pair is one item, claimed by a CPU thread when free (parallel::for_each_claimed): the products
+// read q, k, v in place from qkv (row stride 3 C), the scores are scaled, masked and normalised row by row in the
+// probs output (which backward reads), and the head's output is written straight into its columns of out [B, T, C].
+// Backward writes dq, dk, dv straight into their columns of grad_qkv, so every element is written once and nothing
+// is zero-filled. Per thread: the forward's two Gemm shapes, backward's four and one [T, T] buffer for d probs.
+// Results do not depend on the thread count: each item is computed whole by one thread with serial products.
+#include <cmath>
+#include <type_traits>
+#include <vector>
+
+#include "ember/core/parallel.h"
+#include "ember/kernels/cpu/gemm.h"
+#include "ember/kernels/cpu/meta_workspace.h"
+#include "ember/kernels/cpu/softmax_row.h"
+#include "ember/kernels/stubs.h"
+
+namespace ember::kernels::cpu {
+namespace {
+
+// Sizes of one call; element strides of the heads inside qkv (row: 3 C) and out / grad_out (row: C).
+struct AttentionGeometry {
+  int64_t B, T, C, H, hd;
+  int64_t items() const { return B * H; }
+  // Offset of item (b, h)'s q in qkv (k is + C, v + 2 C) and of its columns in out.
+  int64_t qkv_offset(int64_t item) const { return (item / H) * T * 3 * C + (item % H) * hd; }
+  int64_t out_offset(int64_t item) const { return (item / H) * T * C + (item % H) * hd; }
+};
+
+AttentionGeometry geometry(const Tensor& qkv, int64_t n_head) {
+  const int64_t C = qkv.size(2) / 3;
+  return {qkv.size(0), qkv.size(1), C, n_head, C / n_head};
+}
+
+// The valid (unmasked) length of score row i.
+inline int64_t row_length(const AttentionGeometry& g, int64_t i, bool causal) { return causal ? i + 1 : g.T; }
+
+// One Gemm's sizes and operand strides (gemm.h).
+struct GemmShape {
+  int64_t M, K, N, a_rs, a_cs, b_rs, b_cs;
+};
+
+// The forward's Gemm shapes, in the order a thread's workspace is taken: scores = q k^T [T, hd] x [hd, T];
+// out = probs v [T, T] x [T, hd].
+std::vector<GemmShape> forward_shapes(const AttentionGeometry& g) {
+  const int64_t r = 3 * g.C;
+  return {{g.T, g.hd, g.T, r, 1, 1, r}, {g.T, g.T, g.hd, g.T, 1, r, 1}};
+}
+
+// Backward's: dprobs = dout v^T [T, hd] x [hd, T]; dv = probs^T dout [T, T] x [T, hd]; dq = dscores k [T, T] x
+// [T, hd]; dk = dscores^T q [T, T] x [T, hd].
+std::vector<GemmShape> backward_shapes(const AttentionGeometry& g) {
+  const int64_t r = 3 * g.C;
+  return {{g.T, g.hd, g.T, g.C, 1, 1, r},
+          {g.T, g.T, g.hd, 1, g.T, g.C, 1},
+          {g.T, g.T, g.hd, g.T, 1, r, 1},
+          {g.T, g.T, g.hd, 1, g.T, r, 1}};
+}
+
+template <class T>
+std::vector<Gemm<T>> make_gemms(const std::vector<GemmShape>& shapes) {
+  std::vector<Gemm<T>> out;
+  out.reserve(shapes.size());
+  for (const auto& s : shapes) out.emplace_back(s.M, s.K, s.N, s.a_rs, s.a_cs, s.b_rs, s.b_cs, /*split=*/false);
+  return out;
+}
+
+template <class T>
+void attention_typed(const Tensor& qkv, int64_t n_head, bool causal, const Tensor& out, const Tensor& probs) {
+  const AttentionGeometry g = geometry(qkv, n_head);
+  const T scale = static_cast<T>(1.0 / std::sqrt(static_cast<double>(g.hd)));
+  const T* pq = static_cast<const T*>(qkv.raw_data());
+  T* po = static_cast<T*>(out.raw_data());
+  T* pp = static_cast<T*>(probs.raw_data());
+  const int64_t slots = parallel::chunk_count(g.items(), 1);
+  std::vector<std::vector<Gemm<T>>> gemms;
+  gemms.reserve(static_cast<size_t>(slots));
+  for (int64_t s = 0; s < slots; ++s) gemms.push_back(make_gemms<T>(forward_shapes(g)));
+  parallel::for_each_claimed(g.items(), slots, [&](int64_t slot, int64_t item) {
+    std::vector<Gemm<T>>& gm = gemms[static_cast<size_t>(slot)];
+    const T* q = pq + g.qkv_offset(item);
+    T* p = pp + item * g.T * g.T;
+    gm[0].run(q, q + g.C, p, g.T);  // scores
+    for (int64_t i = 0; i < g.T; ++i) {
+      T* row = p + i * g.T;
+      const int64_t n = row_length(g, i, causal);
+      for (int64_t j = 0; j < n; ++j) row[j] *= scale;
+      softmax_row<T>(row, 1, row, 1, n, /*log=*/false);
+      for (int64_t j = n; j < g.T; ++j) row[j] = T(0);
+    }
+    gm[1].run(p, q + 2 * g.C, po + g.out_offset(item), g.C);
+  });
+}
+
+template <class T>
+void attention_backward_typed(const Tensor& grad_out, const Tensor& qkv, const Tensor& probs, int64_t n_head,
+                              bool causal, const Tensor& grad_qkv) {
+  const AttentionGeometry g = geometry(qkv, n_head);
+  const T scale = static_cast<T>(1.0 / std::sqrt(static_cast<double>(g.hd)));
+  const T* pq = static_cast<const T*>(qkv.raw_data());
+  const T* pp = static_cast<const T*>(probs.raw_data());
+  const T* pgo = static_cast<const T*>(grad_out.raw_data());
+  T* pg = static_cast<T*>(grad_qkv.raw_data());
+  const int64_t slots = parallel::chunk_count(g.items(), 1);
+  struct Worker {
+    Tensor dprobs;
+    std::vector<Gemm<T>> gemm;
+  };
+  std::vector<Worker> workers;
+  workers.reserve(static_cast<size_t>(slots));
+  for (int64_t s = 0; s < slots; ++s) {
+    Tensor dprobs = empty({g.T * g.T}, TensorOptions(dtype_of_v<T>, Device::cpu()));
+    workers.push_back({std::move(dprobs), make_gemms<T>(backward_shapes(g))});
+  }
+  parallel::for_each_claimed(g.items(), slots, [&](int64_t slot, int64_t item) {
+    Worker& w = workers[static_cast<size_t>(slot)];
+    T* ds = static_cast<T*>(w.dprobs.raw_data());
+    const T* q = pq + g.qkv_offset(item);
+    const T* p = pp + item * g.T * g.T;
+    const T* go = pgo + g.out_offset(item);
+    T* gq = pg + g.qkv_offset(item);
+    w.gemm[0].run(go, q + 2 * g.C, ds, g.T);      // d probs
+    w.gemm[1].run(p, go, gq + 2 * g.C, 3 * g.C);  // dv
+    // Softmax backward, masked entries (p = 0) included, and the scale: d scores = p (d probs - <d probs, p>) s.
+    for (int64_t i = 0; i < g.T; ++i) {
+      T* d = ds + i * g.T;
+      const T* pr = p + i * g.T;
+      const int64_t n = row_length(g, i, causal);
+      double dot = 0.0;
+      for (int64_t j = 0; j < n; ++j) dot += static_cast<double>(d[j]) * static_cast<double>(pr[j]);
+      const T dt = static_cast<T>(dot);
+      for (int64_t j = 0; j < n; ++j) d[j] = pr[j] * (d[j] - dt) * scale;
+      for (int64_t j = n; j < g.T; ++j) d[j] = T(0);
+    }
+    w.gemm[2].run(ds, q + g.C, gq, 3 * g.C);  // dq
+    w.gemm[3].run(ds, q, gq + g.C, 3 * g.C);  // dk
+  });
+}
+
+void attention_kernel(const Tensor& qkv, int64_t n_head, bool causal, const Tensor& out, const Tensor& probs) {
+  switch (qkv.dtype()) {
+    case DType::f32:
+      return attention_typed<float>(qkv, n_head, causal, out, probs);
+    case DType::f64:
+      return attention_typed<double>(qkv, n_head, causal, out, probs);
+    default:
+      throw_unsupported_dtype("attention_qkv", qkv.dtype());
+  }
+}
+
+void attention_backward_kernel(const Tensor& grad_out, const Tensor& qkv, const Tensor& probs, int64_t n_head,
+                               bool causal, const Tensor& grad_qkv) {
+  switch (qkv.dtype()) {
+    case DType::f32:
+      return attention_backward_typed<float>(grad_out, qkv, probs, n_head, causal, grad_qkv);
+    case DType::f64:
+      return attention_backward_typed<double>(grad_out, qkv, probs, n_head, causal, grad_qkv);
+    default:
+      throw_unsupported_dtype("attention_qkv_backward", qkv.dtype());
+  }
+}
+
+// ---- the same workspace on meta (Note [Meta kernels]) -----------------------------------------------------------
+
+void check_meta_dtype(const char* op, DType dtype) {
+  if (dtype != DType::f32 && dtype != DType::f64) throw_unsupported_dtype(op, dtype);
+}
+
+void take_gemms(MetaWorkspace& ws, DType dtype, const std::vector<GemmShape>& shapes) {
+  for (const auto& s : shapes) take_gemm_workspace(ws, dtype, s.M, s.K, s.N, s.a_rs, s.a_cs, s.b_rs, s.b_cs, false);
+}
+
+void attention_meta_kernel(const Tensor& qkv, int64_t n_head, bool, const Tensor&, const Tensor&) {
+  check_meta_dtype("attention_qkv", qkv.dtype());
+  const AttentionGeometry g = geometry(qkv, n_head);
+  MetaWorkspace ws;
+  const int64_t slots = parallel::chunk_count(g.items(), 1);
+  for (int64_t s = 0; s < slots; ++s) take_gemms(ws, qkv.dtype(), forward_shapes(g));
+}
+
+void attention_backward_meta_kernel(const Tensor&, const Tensor& qkv, const Tensor&, int64_t n_head, bool,
+                                    const Tensor&) {
+  check_meta_dtype("attention_qkv_backward", qkv.dtype());
+  const AttentionGeometry g = geometry(qkv, n_head);
+  MetaWorkspace ws;
+  const int64_t slots = parallel::chunk_count(g.items(), 1);
+  for (int64_t s = 0; s < slots; ++s) {
+    ws.take(g.T * g.T, qkv.dtype());
+    take_gemms(ws, qkv.dtype(), backward_shapes(g));
+  }
+}
+
+}  // namespace
+
+EMBER_REGISTER_KERNEL(attention, DeviceType::CPU, attention_kernel);
+EMBER_REGISTER_KERNEL(attention_backward, DeviceType::CPU, attention_backward_kernel);
+EMBER_REGISTER_KERNEL(attention, DeviceType::Meta, attention_meta_kernel);
+EMBER_REGISTER_KERNEL(attention_backward, DeviceType::Meta, attention_backward_meta_kernel);
+
+}  // namespace ember::kernels::cpu

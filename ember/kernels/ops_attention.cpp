@@ -1,0 +1,65 @@
+// Fused multi-head attention front ends over the packed projection qkv [B, T, 3 C] of a GPT block.
+// Invariant: the kernels see contiguous qkv [B, T, 3 C] and grad_out [B, T, C] of one floating dtype, probs
+// [B, H, T, T] as the forward wrote it, and fresh contiguous outputs (out [B, T, C], probs, grad_qkv [B, T, 3 C]).
+#include "ember/kernels/ops.h"
+
+namespace ember {
+
+EMBER_DEFINE_STUB(attention, AttentionFn);
+EMBER_DEFINE_STUB(attention_backward, AttentionBackwardFn);
+
+namespace ops {
+
+namespace {
+
+// B, T, C of a valid qkv for n_head heads.
+struct AttentionShape {
+  int64_t B, T, C;
+};
+
+AttentionShape check_qkv(const char* op, const Tensor& qkv, int64_t n_head) {
+  EMBER_CHECK(qkv.defined(), ValueError, op, ": qkv must be defined");
+  check_floating(op, qkv);
+  EMBER_CHECK(n_head > 0, ValueError, op, ": n_head must be positive, got ", n_head);
+  EMBER_CHECK(qkv.dim() == 3 && qkv.size(2) % (3 * n_head) == 0 && qkv.size(2) > 0, ShapeError, op,
+              ": expects qkv [B, T, 3 C] with C a multiple of n_head = ", n_head, ", got ", qkv.description());
+  return {qkv.size(0), qkv.size(1), qkv.size(2) / 3};
+}
+
+}  // namespace
+
+bool has_attention_kernel(Device device) {
+  // A dry run on meta mirrors the CPU kernel (its Meta entry replays the CPU workspace).
+  return attention_stub.has(device.type) && attention_backward_stub.has(device.type);
+}
+
+AttentionResult attention_qkv(const Tensor& qkv, int64_t n_head, bool causal) {
+  const char* op = "attention_qkv";
+  const AttentionShape s = check_qkv(op, qkv, n_head);
+  const TensorOptions opts(qkv.dtype(), qkv.device());
+  Tensor out = empty({s.B, s.T, s.C}, opts);
+  Tensor probs = empty({s.B, n_head, s.T, s.T}, opts);
+  if (out.numel() > 0) run_kernel(attention_stub, qkv.device(), qkv.contiguous(), n_head, causal, out, probs);
+  return {out, probs};
+}
+
+Tensor attention_qkv_backward(const Tensor& grad_out, const Tensor& qkv, const Tensor& probs, int64_t n_head,
+                              bool causal) {
+  const char* op = "attention_qkv_backward";
+  const AttentionShape s = check_qkv(op, qkv, n_head);
+  common_device(op, {&grad_out, &qkv, &probs});
+  EMBER_CHECK(grad_out.dtype() == qkv.dtype() && probs.dtype() == qkv.dtype(), DTypeError, op,
+              ": grad_out, qkv and probs must have one dtype, got ", grad_out.description(), ", ", qkv.description(),
+              " and ", probs.description());
+  EMBER_CHECK(grad_out.sizes() == Shape({s.B, s.T, s.C}) && probs.sizes() == Shape({s.B, n_head, s.T, s.T}), ShapeError,
+              op, ": grad_out ", shape_str(grad_out.sizes()), " and probs ", shape_str(probs.sizes()),
+              " do not fit qkv ", shape_str(qkv.sizes()), " with ", n_head, " heads");
+  Tensor grad_qkv = empty(qkv.sizes(), TensorOptions(qkv.dtype(), qkv.device()));
+  if (grad_qkv.numel() > 0)
+    run_kernel(attention_backward_stub, qkv.device(), grad_out.contiguous(), qkv.contiguous(), probs.contiguous(),
+               n_head, causal, grad_qkv);
+  return grad_qkv;
+}
+
+}  // namespace ops
+}  // namespace ember
