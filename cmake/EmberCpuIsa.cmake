@@ -82,9 +82,10 @@ message(STATUS "ember: CPU ISA ${EMBER_CPU_ISA_RESOLVED} (EMBER_CPU_ISA=${EMBER_
                " C++ flags '${_ember_isa_shown}'")
 
 # Note [No trapping math]
-# ember never unmasks floating-point exceptions, so a float comparison need not stay behind a branch for the flags it
-# might raise. Under GCC's default -ftrapping-math a loop that selects on one (x < 0 ? a : b) is not if-converted and
-# does not vectorise (kernels/cpu/vec_math.h, the softmax lanes). -fno-trapping-math changes no result; it is
-# Clang's default already. Every C++ target, both ISAs (Note [One CPU ISA for every target]).
-add_compile_options("$<$<COMPILE_LANGUAGE:CXX>:-fno-trapping-math>")
-
+# ember never unmasks floating-point exceptions and never reads errno after a math call, so neither needs to stay
+# observable. Under GCC's default -ftrapping-math a loop that selects on a float comparison (x < 0 ? a : b) is not
+# if-converted and does not vectorise (kernels/cpu/vec_math.h, the softmax lanes); under -fmath-errno every sqrt
+# keeps a branch to the library call that would set errno for a negative argument (the AdamW and rsqrt loops).
+# -fno-trapping-math and -fno-math-errno change no result (sqrt of a negative is NaN either way); they are Clang's
+# defaults on some targets already. Every C++ target, both ISAs (Note [One CPU ISA for every target]).
+add_compile_options("$<$<COMPILE_LANGUAGE:CXX>:-fno-trapping-math;-fno-math-errno>")

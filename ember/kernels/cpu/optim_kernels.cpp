@@ -27,16 +27,18 @@ void sgd_typed(const Tensor& param, const Tensor& grad, const Tensor& momentum_b
   const T* g = static_cast<const T*>(grad.raw_data());
   if (!c.use_momentum) {
     parallel::parallel_for(n, kOptimGrain, [&](int64_t lo, int64_t hi) {
+      const SgdCoeffs<M> k = c;  // a local copy (see adam_typed)
       M unused{};
-      for (int64_t i = lo; i < hi; ++i) p[i] = T(sgd_update<M>(M(p[i]), M(g[i]), unused, c));
+      for (int64_t i = lo; i < hi; ++i) p[i] = T(sgd_update<M>(M(p[i]), M(g[i]), unused, k));
     });
     return;
   }
   S* b = static_cast<S*>(momentum_buf.raw_data());
   parallel::parallel_for(n, kOptimGrain, [&](int64_t lo, int64_t hi) {
+    const SgdCoeffs<M> k = c;  // a local copy (see adam_typed)
     for (int64_t i = lo; i < hi; ++i) {
       M buf = static_cast<M>(b[i]);
-      p[i] = T(sgd_update<M>(M(p[i]), M(g[i]), buf, c));
+      p[i] = T(sgd_update<M>(M(p[i]), M(g[i]), buf, k));
       b[i] = static_cast<S>(buf);
     }
   });
@@ -54,9 +56,12 @@ void adam_typed(const Tensor& param, const Tensor& grad, const Tensor& exp_avg, 
   S* m = static_cast<S*>(exp_avg.raw_data());
   S* v = static_cast<S*>(exp_avg_sq.raw_data());
   parallel::parallel_for(n, kOptimGrain, [&](int64_t lo, int64_t hi) {
+    // A local copy of the coefficients: captured by reference they might alias the stores through p, m, v, so GCC
+    // reloads them every element and does not vectorise the loop.
+    const AdamCoeffs<M> k = c;
     for (int64_t i = lo; i < hi; ++i) {
       M mi = static_cast<M>(m[i]), vi = static_cast<M>(v[i]);
-      p[i] = T(adam_update<M>(M(p[i]), M(g[i]), mi, vi, c));
+      p[i] = T(adam_update<M>(M(p[i]), M(g[i]), mi, vi, k));
       m[i] = static_cast<S>(mi);
       v[i] = static_cast<S>(vi);
     }
