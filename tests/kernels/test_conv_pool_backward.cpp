@@ -404,6 +404,27 @@ TEST_P(MaxPool2dBackwardTest, MatchesFiniteDifferencesOfForward) {
   EXPECT_TRUE(allclose(gi, from_vector(fd, xs), Tolerance{1e-6, 1e-6}));
 }
 
+// An index outside the input plane is an IndexError naming the first bad output in row-major order, on every device
+// and for every floating dtype.
+TEST_P(MaxPool2dBackwardTest, OutOfRangeIndexIsIndexError) {
+  EMBER_REQUIRE_KERNEL(max_pool2d_backward_stub);
+  const Shape xs{1, 2, 6, 6};
+  std::vector<int64_t> iv(18, 0);
+  iv[9 + 2 * 3 + 1] = 36;  // output (0, 1, 2, 1): one past the 36-element plane
+  iv[17] = -1;             // a later bad index
+  const Tensor idx = from_vector(iv, {1, 2, 3, 3}).to(device());
+  for (DType dt : {DType::f32, DType::f64, DType::f16, DType::bf16}) {
+    SCOPED_TRACE(dtype_name(dt));
+    const Tensor go = ones({1, 2, 3, 3}, {dt, device()});
+    const std::string msg = error_message<IndexError>([&] { ops::max_pool2d_backward(go, idx, xs); });
+    EXPECT_NE(msg.find("index 36 at output (0, 1, 2, 1)"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("36 elements"), std::string::npos) << msg;
+  }
+  EXPECT_THROW(ops::max_pool2d_backward(ones({1, 2, 3, 3}, {DType::f32, device()}),
+                                        full({1, 2, 3, 3}, -1, {DType::i64, device()}), xs),
+               IndexError);
+}
+
 EMBER_INSTANTIATE_DEVICE_TESTS(MaxPool2dBackwardTest);
 
 class AvgPool2dBackwardTest : public DeviceTest {};

@@ -3,6 +3,7 @@
 // generator's offset advance, eval/p=0/p=1 behaviour, errors, and Random123's Philox4x32-10 known-answer vectors.
 #include <cmath>
 #include <limits>
+#include <string>
 #include <vector>
 
 #include "ember/core/philox.h"
@@ -151,6 +152,37 @@ TEST_P(DropoutTest, EmptyAndZeroDim) {
   const bool keep = mask_ref(99, 0, 1, 0.5)[0];
   EXPECT_EQ(d.mask.item<bool>(), keep);
   EXPECT_EQ(d.out.item<double>(), keep ? 6.0 : 0.0);
+}
+
+// Note [Philox stream]: a device's mask and output equal the CPU kernel's bit for bit for the same generator state:
+// a size that is not a multiple of 4 (the last Philox call partly used), a strided input, p = 0.3 (where a float
+// comparison would give another mask), every dtype, and an offset whose counters cross 2^32 (the high counter word).
+TEST_P(DropoutTest, MaskAndOutputEqualTheCpuKernel) {
+  EMBER_REQUIRE_KERNEL(dropout_stub);
+  if (device().is_cpu()) GTEST_SKIP() << "compares another device's kernel with the CPU kernel";
+  const uint64_t seed = 0x243F6A8885A308D3ull;
+  const Tensor x = rand_input({7, 13, 3});  // 273 elements
+  for (uint64_t offset : {uint64_t{0}, uint64_t{12345}, (uint64_t{1} << 32) - 30}) {
+    for (double p : {0.3, 0.5, 0.9}) {
+      for (DType dt : {DType::f32, DType::f64, DType::f16, DType::bf16}) {
+        for (bool strided : {false, true}) {
+          SCOPED_TRACE(std::string(dtype_name(dt)) + " p " + std::to_string(p) + " offset " + std::to_string(offset) +
+                       (strided ? " strided" : ""));
+          const Tensor xs = strided ? x.transpose(0, 2) : x;
+          default_generator().set_state({seed, offset});
+          const DropoutResult want = dropout_with_mask(convert_keep_strides(xs, dt, Device::cpu()), p, true);
+          default_generator().set_state({seed, offset});
+          const DropoutResult got = dropout_with_mask(convert_keep_strides(xs, dt, device()), p, true);
+          EXPECT_EQ(got.mask.to_vector<bool>(), want.mask.to_vector<bool>());
+          EXPECT_EQ(got.mask.to_vector<bool>(), mask_ref(seed, offset, xs.numel(), p));
+          EXPECT_EQ(got.out.to_vector<double>(), want.out.to_vector<double>());
+          default_generator().set_state({seed, offset});  // the same draw without a mask
+          EXPECT_EQ(dropout(convert_keep_strides(xs, dt, device()), p, true).to_vector<double>(),
+                    want.out.to_vector<double>());
+        }
+      }
+    }
+  }
 }
 
 EMBER_INSTANTIATE_DEVICE_TESTS(DropoutTest);

@@ -100,6 +100,26 @@ TEST_P(EmbeddingTest, OutOfRangeIndexIsIndexError) {
   EXPECT_THROW(embedding(w, idx32), IndexError);
 }
 
+// Rows wider than a warp and not a multiple of 32, more positions than rows.
+TEST_P(EmbeddingTest, WideRowsManyPositions) {
+  EMBER_REQUIRE_KERNEL(embedding_stub);
+  OpCase c{"embedding", {rand_input({50, 77}), rand_indices({8, 33}, 50).to(DType::i32)},
+           [](const Inputs& in) { return embedding(in[0], in[1]); }};
+  c.reference = [](const Inputs& in) { return gather_ref(in[0], in[1]); };
+  check_op(c, device());
+}
+
+// The error names the first bad index in the row-major order of the indices (here a transposed view: 9 is at flat
+// position 3 of the logical [3, 2] tensor), whatever the layout.
+TEST_P(EmbeddingTest, OutOfRangeNamesTheFirstBadPosition) {
+  EMBER_REQUIRE_KERNEL(embedding_stub);
+  const Tensor w = zeros({6, 4}, {DType::f16, device()});
+  const Tensor idx = from_vector<int32_t>({0, 1, 2, 3, 9, 7}, {2, 3}).to(device()).t();  // [[0, 3], [1, 9], [2, 7]]
+  const std::string msg = error_message<IndexError>([&] { embedding(w, idx); });
+  EXPECT_NE(msg.find("index 9 (at flat position 3)"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("6 rows"), std::string::npos) << msg;
+}
+
 EMBER_INSTANTIATE_DEVICE_TESTS(EmbeddingTest);
 
 class EmbeddingBackwardTest : public DeviceTest {};
@@ -160,6 +180,32 @@ TEST_P(EmbeddingBackwardTest, OutOfRangeIndexIsIndexError) {
     EXPECT_NE(msg.find("4"), std::string::npos) << msg;
   }
   EXPECT_THROW(embedding_backward(g, from_vector<int64_t>({-2, 0}, {2}).to(device()), 4), IndexError);
+}
+
+// Long runs of repeated indices (600 positions over 5 rows) and rows wider than a warp (70 columns): every row's
+// gradients are summed in full, untouched rows stay zero.
+TEST_P(EmbeddingBackwardTest, LongRunsAndWideRows) {
+  EMBER_REQUIRE_KERNEL(embedding_backward_stub);
+  for (DType idt : {DType::i64, DType::i32}) {
+    OpCase c{"embedding_backward", {rand_input({20, 30, 70}), rand_indices({20, 30}, 5).to(idt)},
+             [](const Inputs& in) { return embedding_backward(in[0], in[1], 8); }};
+    c.reference = [](const Inputs& in) { return scatter_ref(in[0], in[1], 8); };
+    c.tolerance = [](DType dt) {
+      Tolerance t = default_tolerance(dt);
+      if (dt == DType::f32) t.atol = 1e-4;  // sums of ~120 terms
+      return t;
+    };
+    check_op(c, device());
+  }
+}
+
+TEST_P(EmbeddingBackwardTest, OutOfRangeNamesTheFirstBadPosition) {
+  EMBER_REQUIRE_KERNEL(embedding_backward_stub);
+  const Tensor g = ones({5, 2}, {DType::bf16, device()});
+  const Tensor idx = from_vector<int64_t>({1, 0, -4, 3, 8}, {5}).to(device());
+  const std::string msg = error_message<IndexError>([&] { embedding_backward(g, idx, 4); });
+  EXPECT_NE(msg.find("embedding_backward: index -4 (at flat position 2)"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("4 rows"), std::string::npos) << msg;
 }
 
 EMBER_INSTANTIATE_DEVICE_TESTS(EmbeddingBackwardTest);

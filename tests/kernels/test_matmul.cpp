@@ -161,6 +161,159 @@ TEST_P(MatmulTest, BmmMatchesReference) {
   check_op(e, device());
 }
 
+// The ways a logical [r, c] operand can sit in memory, as a view of an input made for it (make_layout_input).
+enum class OperandLayout { RowMajor, ColMajor, RowMajorPadded, ColMajorPadded, BroadcastRows };
+const char* layout_name(OperandLayout l) {
+  switch (l) {
+    case OperandLayout::RowMajor:
+      return "row-major";
+    case OperandLayout::ColMajor:
+      return "column-major";
+    case OperandLayout::RowMajorPadded:
+      return "row-major, rows further apart than their length";
+    case OperandLayout::ColMajorPadded:
+      return "column-major, columns further apart than their length";
+    case OperandLayout::BroadcastRows:
+      return "one row broadcast (row stride 0)";
+  }
+  return "";
+}
+Tensor make_layout_input(OperandLayout l, int64_t r, int64_t c) {
+  switch (l) {
+    case OperandLayout::RowMajor:
+      return rand_input({r, c});
+    case OperandLayout::ColMajor:
+      return rand_input({c, r});
+    case OperandLayout::RowMajorPadded:
+      return rand_input({r, c + 3});
+    case OperandLayout::ColMajorPadded:
+      return rand_input({c, r + 2});
+    case OperandLayout::BroadcastRows:
+      return rand_input({1, c});
+  }
+  return Tensor();
+}
+Tensor layout_view(OperandLayout l, const Tensor& t, int64_t r, int64_t c) {
+  switch (l) {
+    case OperandLayout::RowMajor:
+      return t;
+    case OperandLayout::ColMajor:
+      return t.t();
+    case OperandLayout::RowMajorPadded:
+      return t.slice(1, 0, c);
+    case OperandLayout::ColMajorPadded:
+      return t.slice(1, 0, r).t();
+    case OperandLayout::BroadcastRows:
+      return t.expand({r, c});
+  }
+  return Tensor();
+}
+
+TEST_P(MatmulTest, EveryOperandLayoutPair) {
+  EMBER_REQUIRE_KERNEL(bmm_stub);
+  // Sizes no tile width divides; every layout of a against every layout of b (a GPU GEMM takes unit-stride operands
+  // in place, transposed or not, and packs the rest).
+  const int64_t M = 3, K = 5, N = 7;
+  const OperandLayout all[] = {OperandLayout::RowMajor, OperandLayout::ColMajor, OperandLayout::RowMajorPadded,
+                               OperandLayout::ColMajorPadded, OperandLayout::BroadcastRows};
+  for (OperandLayout la : all) {
+    for (OperandLayout lb : all) {
+      SCOPED_TRACE(std::string("a ") + layout_name(la) + ", b " + layout_name(lb));
+      auto views = [=](const Inputs& in) {
+        return std::make_pair(layout_view(la, in[0], M, K), layout_view(lb, in[1], K, N));
+      };
+      OpCase c{"matmul", {make_layout_input(la, M, K), make_layout_input(lb, K, N)}, [=](const Inputs& in) {
+                 const auto [a, b] = views(in);
+                 return matmul(a, b);
+               }};
+      c.reference = [=](const Inputs& in) {
+        const auto [a, b] = views(in);
+        return ref_matmul(a, b);
+      };
+      check_op(c, device());
+    }
+  }
+}
+
+TEST_P(MatmulTest, BatchedLayouts) {
+  EMBER_REQUIRE_KERNEL(bmm_stub);
+  const int64_t B = 3, M = 5, K = 3, N = 7;
+  struct Case {
+    const char* what;
+    Shape sa, sb;
+    std::function<Tensor(const Tensor&)> va, vb;
+  };
+  auto same = [](const Tensor& t) { return t; };
+  auto swap = [](const Tensor& t) { return t.transpose(1, 2); };
+  auto share_a = [=](const Tensor& t) { return t.expand({B, M, K}); };
+  auto share_swap_b = [=](const Tensor& t) { return t.expand({B, N, K}).transpose(1, 2); };
+  auto first_rows = [=](const Tensor& t) { return t.slice(1, 0, M); };
+  auto first_cols = [=](const Tensor& t) { return t.slice(2, 0, N); };
+  auto every_other = [=](const Tensor& t) { return t.slice(0, 0, 2 * B, 2).slice(2, 0, 2 * K, 2); };
+  const std::vector<Case> cases = {
+      {"both transposed", {B, K, M}, {B, N, K}, swap, swap},
+      {"a transposed", {B, K, M}, {B, K, N}, swap, same},
+      {"a shared by every batch (batch stride 0)", {1, M, K}, {B, K, N}, share_a, same},
+      {"both shared, b transposed", {1, M, K}, {1, N, K}, share_a, share_swap_b},
+      {"padded batches (batch stride larger than a matrix)", {B, M + 2, K}, {B, K, N + 1}, first_rows, first_cols},
+      {"every other batch, no unit stride in a", {2 * B, M, 2 * K}, {B, K, N}, every_other, same},
+  };
+  for (const Case& cs : cases) {
+    SCOPED_TRACE(cs.what);
+    const auto va = cs.va, vb = cs.vb;
+    OpCase c{
+        "bmm", {rand_input(cs.sa), rand_input(cs.sb)}, [=](const Inputs& in) { return bmm(va(in[0]), vb(in[1])); }};
+    c.reference = [=](const Inputs& in) { return ref_matmul(va(in[0]), vb(in[1])); };
+    check_op(c, device());
+  }
+}
+
+TEST_P(MatmulTest, SizeOneDims) {
+  EMBER_REQUIRE_KERNEL(bmm_stub);
+  // Size-1 dims of a view may carry any stride; none of them may decide the layout.
+  const std::vector<std::pair<Shape, Shape>> shapes = {
+      {{1, 7}, {7, 1}}, {{5, 1}, {1, 4}}, {{1, 1}, {1, 6}}, {{4, 1, 1}, {4, 1, 3}}, {{2, 1, 5}, {2, 5, 1}}};
+  for (const auto& [sa, sb] : shapes) {
+    SCOPED_TRACE(shape_str(sa) + " @ " + shape_str(sb));
+    OpCase c{"matmul", {rand_input(sa), rand_input(sb)}, [](const Inputs& in) { return matmul(in[0], in[1]); }};
+    c.reference = [](const Inputs& in) { return ref_matmul(in[0], in[1]); };
+    check_op(c, device());
+  }
+  // A column cut from a wider matrix ([5, 1], strides [6, 1]) and a row of a transposed one ([1, 5], strides [1, 4]).
+  OpCase col{"matmul", {rand_input({5, 6}), rand_input({1, 3})}, [](const Inputs& in) {
+               return matmul(in[0].slice(1, 2, 3), in[1]);
+             }};
+  col.reference = [](const Inputs& in) { return ref_matmul(in[0].slice(1, 2, 3), in[1]); };
+  check_op(col, device());
+  OpCase row{"matmul", {rand_input({5, 4}), rand_input({5, 3})}, [](const Inputs& in) {
+               return matmul(in[0].t().slice(0, 1, 2), in[1]);
+             }};
+  row.reference = [](const Inputs& in) { return ref_matmul(in[0].t().slice(0, 1, 2), in[1]); };
+  check_op(row, device());
+}
+
+TEST_P(MatmulTest, EmptyInnerDimensionEveryDType) {
+  EMBER_REQUIRE_KERNEL(bmm_stub);
+  // K == 0: every output element is an empty sum, 0 (outputs start NaN-poisoned, so each must be written).
+  for (DType dt : {DType::f32, DType::f64, DType::f16, DType::bf16}) {
+    SCOPED_TRACE(dtype_name(dt));
+    const TensorOptions o(dt, device());
+    EXPECT_EQ(bmm(empty({2, 3, 0}, o), empty({2, 0, 5}, o)).to_vector<double>(), std::vector<double>(30, 0.0));
+    EXPECT_EQ(matmul(empty({0, 3}, o).t(), empty({4, 0}, o).t()).to_vector<double>(), std::vector<double>(12, 0.0));
+  }
+}
+
+TEST_P(MatmulTest, ManyBatches) {
+  EMBER_REQUIRE_KERNEL(bmm_stub);
+  // More batches than one GPU launch grid dim holds (65535), b shared by all of them.
+  const int64_t B = 66000;
+  OpCase c{"bmm", {rand_input({B, 2, 3}), rand_input({1, 3, 2})}, [](const Inputs& in) {
+             return bmm(in[0], in[1].expand({in[0].size(0), 3, 2}));
+           }};
+  c.reference = [](const Inputs& in) { return ref_matmul(in[0], in[1].expand({in[0].size(0), 3, 2})); };
+  check_op(c, device());
+}
+
 TEST_P(MatmulTest, LinearMatchesReference) {
   EMBER_REQUIRE_KERNEL(bmm_stub);
   // y[r, o] = sum_i x[r, i] * w[o, i] + b[o], written out directly.

@@ -284,6 +284,153 @@ TEST_P(ReduceTest, ArgReductionTiesAndNaN) {
   }
 }
 
+const std::vector<Red> kAllReductions = {Red::Sum, Red::Mean, Red::Max, Red::Min, Red::Var, Red::ArgMax, Red::ArgMin};
+
+bool is_arg(Red op) { return op == Red::ArgMax || op == Red::ArgMin; }
+
+TEST_P(ReduceTest, EveryKernelShapeMatchesReference) {
+  // The CUDA kernel takes a warp or a block per output, or lays consecutive outputs along a warp (columns, and tiny
+  // reductions), and may split a reduction over several blocks: each case below takes a different path (Note
+  // [Reduction shapes] in cuda/reduce.cu). In bf16 and f16 the rounded inputs tie often, so argmax/argmin also
+  // check the first-index rule across lanes.
+  EMBER_REQUIRE_KERNEL(reduce_stub);
+  const std::vector<std::pair<Shape, std::vector<int64_t>>> cases = {
+      {{64, 100}, {1}},    {{8, 5000}, {1}},      {{5000, 8}, {0}},      {{1000, 5}, {1}},
+      {{300, 2, 50}, {0}}, {{40, 33, 7}, {0, 2}}, {{2, 3, 700}, {0, 2}}, {{3, 6, 2, 130}, {1, 3}}};
+  for (const auto& shape_dims : cases) {
+    const Shape shape = shape_dims.first;
+    const std::vector<int64_t> dims = shape_dims.second;
+    for (Red op : kAllReductions) {
+      if (is_arg(op) && dims.size() != 1) continue;
+      SCOPED_TRACE(::testing::Message() << red_name(op) << " x " << shape_str(shape) << " dims " << shape_str(dims));
+      OpCase c{red_name(op), {rand_input(shape)}, [=](const Inputs& in) { return run(op, in[0], dims, false); }};
+      c.reference = [=](const Inputs& in) { return ref_reduce(in[0], dims, false, op); };
+      if (is_arg(op)) c.tolerance = [](DType) { return Tolerance{0.0, 0.0}; };
+      check_op(c, device());
+    }
+  }
+}
+
+TEST_P(ReduceTest, BroadcastInputs) {
+  // Expanded views (stride 0) along a kept or a reduced dim; argmax/argmin over a broadcast dim see only ties.
+  EMBER_REQUIRE_KERNEL(reduce_stub);
+  const Shape full_shape{300, 50};
+  for (const Shape& base : std::vector<Shape>{{1, 50}, {300, 1}}) {
+    for (const std::vector<int64_t>& dims : std::vector<std::vector<int64_t>>{{0}, {1}, {0, 1}}) {
+      for (Red op : kAllReductions) {
+        if (is_arg(op) && dims.size() != 1) continue;
+        SCOPED_TRACE(::testing::Message()
+                     << red_name(op) << " base " << shape_str(base) << " dims " << shape_str(dims));
+        OpCase c{red_name(op), {rand_input(base)}, [=](const Inputs& in) {
+                   return run(op, in[0].expand(full_shape), dims, false);
+                 }};
+        c.reference = [=](const Inputs& in) { return ref_reduce(in[0].expand(full_shape), dims, false, op); };
+        if (is_arg(op)) c.tolerance = [](DType) { return Tolerance{0.0, 0.0}; };
+        check_op(c, device());
+      }
+    }
+  }
+}
+
+TEST_P(ReduceTest, LargeReductionsSplitOverBlocks) {
+  // 3M elements to one output, and a bias-gradient-like [4096, 300] sum over dim 0: on CUDA both split the
+  // reduction over blocks and merge the partial results in a second pass. Values in [0.5, 1.5] keep sums far from
+  // zero; bf16/f16 rounding makes many ties for argmax/argmin.
+  EMBER_REQUIRE_KERNEL(reduce_stub);
+  const Tensor big = rand_input({3000000}, 0.5, 1.5);
+  for (Red op : {Red::Sum, Red::Mean, Red::Var, Red::Max, Red::ArgMax, Red::ArgMin}) {
+    SCOPED_TRACE(::testing::Message() << red_name(op) << " over 3M elements");
+    OpCase c{red_name(op), {big}, [=](const Inputs& in) { return run(op, in[0], {0}, false); }};
+    c.reference = [=](const Inputs& in) { return ref_reduce(in[0], {0}, false, op); };
+    if (op == Red::Sum) c.dtypes = {DType::f32};  // 3e6 overflows f16
+    if (is_arg(op)) c.tolerance = [](DType) { return Tolerance{0.0, 0.0}; };
+    check_op(c, device());
+  }
+  const Tensor cols = rand_input({4096, 300}, 0.5, 1.5);
+  for (Red op : {Red::Sum, Red::Mean, Red::Var, Red::Min, Red::ArgMax}) {
+    SCOPED_TRACE(::testing::Message() << red_name(op) << " over dim 0 of [4096, 300]");
+    OpCase c{red_name(op), {cols}, [=](const Inputs& in) { return run(op, in[0], {0}, false); }};
+    c.reference = [=](const Inputs& in) { return ref_reduce(in[0], {0}, false, op); };
+    if (is_arg(op)) c.tolerance = [](DType) { return Tolerance{0.0, 0.0}; };
+    check_op(c, device());
+  }
+}
+
+TEST_P(ReduceTest, LargeIntegerSumsAreExact) {
+  EMBER_REQUIRE_KERNEL(reduce_stub);
+  const int64_t rows = 3000, cols = 1000;
+  std::vector<int32_t> v(static_cast<size_t>(rows * cols));
+  std::vector<bool> b(v.size());
+  int64_t total = 0, count = 0;
+  std::vector<int64_t> col_sums(static_cast<size_t>(cols), 0);
+  for (int64_t i = 0; i < rows * cols; ++i) {
+    const int32_t x = static_cast<int32_t>(i % 201) - 100 + (i % 7 == 0 ? 100000 : 0);
+    v[static_cast<size_t>(i)] = x;
+    total += x;
+    col_sums[static_cast<size_t>(i % cols)] += x;
+    b[static_cast<size_t>(i)] = i % 3 == 0;
+    count += i % 3 == 0 ? 1 : 0;
+  }
+  const Tensor xi = from_vector<int32_t>(v, {rows * cols}).to(device());
+  EXPECT_EQ(sum(xi).item<int64_t>(), total);
+  EXPECT_EQ(sum(xi.view({rows, cols}), {0}).to_vector<int64_t>(), col_sums);
+  EXPECT_EQ(amax(xi).item<int32_t>(), 100100);
+  EXPECT_EQ(amin(xi).item<int32_t>(), -100);
+  const Tensor xb = from_vector<bool>(b, {rows * cols}).to(device());
+  EXPECT_EQ(sum(xb).item<int64_t>(), count);
+}
+
+TEST_P(ReduceTest, LargeArgReductionTiesAndNaN) {
+  // Ties and NaNs far apart in a long reduction (different blocks and splits on CUDA): the first index still wins.
+  EMBER_REQUIRE_KERNEL(reduce_stub);
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  const int64_t n = 3000000;
+  for (DType dt : {DType::f32, DType::f64, DType::f16, DType::bf16}) {
+    SCOPED_TRACE(dtype_name(dt));
+    std::vector<double> v(static_cast<size_t>(n), 0.0);
+    const Tensor zeros_t = from_vector<double>(v, {n}).to(device(), dt);
+    EXPECT_EQ(argmax(zeros_t).item<int64_t>(), 0);
+    EXPECT_EQ(argmin(zeros_t).item<int64_t>(), 0);
+    v[1234567] = 2.0;
+    v[2345678] = 2.0;
+    v[17] = -3.0;
+    v[2900001] = -3.0;
+    const Tensor ties = from_vector<double>(v, {n}).to(device(), dt);
+    EXPECT_EQ(argmax(ties).item<int64_t>(), 1234567);
+    EXPECT_EQ(argmin(ties).item<int64_t>(), 17);
+    EXPECT_EQ(amax(ties).item_double(), 2.0);
+    EXPECT_EQ(amin(ties).item_double(), -3.0);
+    v[2000001] = nan;
+    v[2500000] = nan;
+    const Tensor nans = from_vector<double>(v, {n}).to(device(), dt);
+    EXPECT_EQ(argmax(nans).item<int64_t>(), 2000001);
+    EXPECT_EQ(argmin(nans).item<int64_t>(), 2000001);
+    EXPECT_TRUE(std::isnan(amax(nans).item_double()));
+    EXPECT_TRUE(std::isnan(amin(nans).item_double()));
+    // Down the columns of [3000, 40]: rows 2000 and 2500 hold the maximum 1; column 5 has NaNs at rows 2100, 2200.
+    const int64_t rows = 3000, cols = 40;
+    std::vector<double> w(static_cast<size_t>(rows * cols), 0.0);
+    for (int64_t j = 0; j < cols; ++j) {
+      w[static_cast<size_t>(2000 * cols + j)] = 1.0;
+      w[static_cast<size_t>(2500 * cols + j)] = 1.0;
+    }
+    w[static_cast<size_t>(2100 * cols + 5)] = nan;
+    w[static_cast<size_t>(2200 * cols + 5)] = nan;
+    const Tensor y = from_vector<double>(w, {rows, cols}).to(device(), dt);
+    const std::vector<int64_t> am = argmax(y, 0).to_vector<int64_t>();
+    const std::vector<int64_t> ai = argmin(y, 0).to_vector<int64_t>();
+    const std::vector<double> mx = amax(y, {0}).to_vector<double>();
+    for (int64_t j = 0; j < cols; ++j) {
+      EXPECT_EQ(am[static_cast<size_t>(j)], j == 5 ? 2100 : 2000) << j;
+      EXPECT_EQ(ai[static_cast<size_t>(j)], j == 5 ? 2100 : 0) << j;
+      if (j == 5)
+        EXPECT_TRUE(std::isnan(mx[static_cast<size_t>(j)]));
+      else
+        EXPECT_EQ(mx[static_cast<size_t>(j)], 1.0) << j;
+    }
+  }
+}
+
 EMBER_INSTANTIATE_DEVICE_TESTS(ReduceTest);
 
 TEST(ReduceErrors, BadDims) {

@@ -1,5 +1,6 @@
 // softmax / log_softmax and layer_norm against naive float64 formulas written here: every dim (negative too),
-// strided views, rows summing to 1, extreme inputs (+-1000 stay finite), 0-d, saved mean/rstd, and error paths.
+// strided views, rows summing to 1, extreme inputs (+-1000 stay finite), -inf / NaN / +inf entries, rows over 1024
+// and many rows, 0-d, saved mean/rstd, the mixed f16/bf16-input f32-affine layer norm, and error paths.
 #include <cmath>
 #include <limits>
 #include <vector>
@@ -147,6 +148,64 @@ TEST_P(SoftmaxTest, ZeroDimAndEmpty) {
   EXPECT_EQ(softmax(empty({0, 4}, TensorOptions(DType::f32, device())), 1).sizes(), Shape({0, 4}));
 }
 
+TEST_P(SoftmaxTest, LongRowsStridedDimsAndManyRows) {
+  EMBER_REQUIRE_KERNEL(softmax_stub);
+  // Shapes chosen for the CUDA kernel's paths (Note [Softmax and layer norm kernel shapes] in
+  // kernels/cuda/softmax_layernorm.cu): rows over 1024 (row cached in shared memory, and too long to cache), a strided
+  // softmax dim with few rows (long and short rows), with many rows and with short rows, and more rows than one grid.
+  struct Case {
+    Shape shape;
+    int64_t dim;
+  };
+  for (const Case& k : {Case{{3, 3000}, -1}, Case{{2, 9000}, -1}, Case{{2000, 3}, 0}, Case{{9000, 2}, 0},
+                        Case{{300, 5}, 0}, Case{{6, 40, 32}, 1}, Case{{6, 40, 32}, 0}, Case{{40, 1100}, 0},
+                        Case{{20000, 3}, -1}, Case{{600, 1030}, 1}}) {
+    for (bool log : {false, true}) {
+      SCOPED_TRACE(::testing::Message() << (log ? "log_softmax " : "softmax ") << shape_str(k.shape) << " dim "
+                                        << k.dim);
+      const int64_t dim = k.dim;
+      OpCase c{"softmax", {rand_input(k.shape, -3.0, 3.0)},
+               [=](const Inputs& in) { return log ? log_softmax(in[0], dim) : softmax(in[0], dim); }};
+      c.reference = [=](const Inputs& in) { return ref_softmax(in[0], dim, log); };
+      check_op(c, device());
+    }
+  }
+}
+
+TEST_P(SoftmaxTest, InfinitiesAndNaN) {
+  EMBER_REQUIRE_KERNEL(softmax_stub);
+  const double inf = std::numeric_limits<double>::infinity(), nan = std::numeric_limits<double>::quiet_NaN();
+  // Rows: masked (-inf) entries, all masked (NaN, as exp(-inf - -inf)), a NaN (row NaN), a +inf (row NaN), a single
+  // unmasked entry (1 there, 0 elsewhere; log: 0 and -inf), plain values.
+  const Tensor hand = from_vector<double>({0.5,  -inf, 1.0,  -inf, -2.0,  //
+                                           -inf, -inf, -inf, -inf, -inf,  //
+                                           0.1,  nan,  0.3,  0.2,  0.0,   //
+                                           1.0,  inf,  2.0,  3.0,  4.0,   //
+                                           -inf, -inf, 7.0,  -inf, -inf,  //
+                                           1.0,  2.0,  3.0,  4.0,  5.0},
+                                          {6, 5});
+  // Long rows (one block per row): every third entry masked, and a fully masked row.
+  std::vector<double> v = rand_input({2, 3000}, -3.0, 3.0).to_vector<double>();
+  for (size_t i = 0; i < v.size(); ++i)
+    if (i % 3 == 0 || i >= 3000) v[i] = -inf;
+  const Tensor long_rows = from_vector(v, {2, 3000});
+  struct Case {
+    Tensor x;
+    int64_t dim;
+  };
+  for (const Case& k : {Case{hand, -1}, Case{hand, 0}, Case{long_rows, -1}, Case{long_rows, 0},
+                        Case{long_rows.t().contiguous(), 0}}) {
+    for (bool log : {false, true}) {
+      SCOPED_TRACE(::testing::Message() << (log ? "log_softmax " : "softmax ") << k.x.description() << " dim "
+                                        << k.dim);
+      const int64_t dim = k.dim;
+      OpCase c{"softmax", {k.x}, [=](const Inputs& in) { return log ? log_softmax(in[0], dim) : softmax(in[0], dim); }};
+      c.reference = [=](const Inputs& in) { return ref_softmax(in[0], dim, log); };
+      check_op(c, device());
+    }
+  }
+}
+
 EMBER_INSTANTIATE_DEVICE_TESTS(SoftmaxTest);
 
 class LayerNormTest : public DeviceTest {};
@@ -220,6 +279,79 @@ TEST_P(LayerNormTest, SavedStatistics) {
     const Tolerance tol = stats == DType::f64 ? Tolerance{1e-12, 1e-12} : Tolerance{1e-5, 1e-6};
     EXPECT_TRUE(allclose(res.mean, from_vector(r.mean, {2, 3}), tol));
     EXPECT_TRUE(allclose(res.rstd, from_vector(r.rstd, {2, 3}), tol));
+  }
+}
+
+TEST_P(LayerNormTest, LongRowsAndManyRows) {
+  EMBER_REQUIRE_KERNEL(layer_norm_stub);
+  // Rows over 1024 (row cached in shared memory, and too long to cache), more rows than one grid, and x strided along
+  // its rows (given as [cols, rows] and transposed inside the op call), each with and without weight and bias.
+  struct Case {
+    Shape shape;
+    bool transpose;
+  };
+  for (const Case& k : {Case{{3, 3000}, false}, Case{{2, 9000}, false}, Case{{600, 1030}, false},
+                        Case{{20000, 4}, false}, Case{{3000, 3}, true}, Case{{40, 6}, true}}) {
+    const bool tr = k.transpose;
+    const int64_t cols = tr ? k.shape[0] : k.shape[1];
+    for (bool affine : {true, false}) {
+      SCOPED_TRACE(::testing::Message() << shape_str(k.shape) << (tr ? " transposed" : "")
+                                        << (affine ? " with weight and bias" : ""));
+      Inputs inputs{rand_input(k.shape)};
+      if (affine) inputs.insert(inputs.end(), {rand_input({cols}, 0.5, 1.5), rand_input({cols})});
+      OpCase c{"layer_norm", inputs, [=](const Inputs& in) {
+                 const Tensor x = tr ? in[0].t() : in[0];
+                 return layer_norm(x, {cols}, affine ? in[1] : Tensor(), affine ? in[2] : Tensor());
+               }};
+      c.reference = [=](const Inputs& in) {
+        const Tensor x = tr ? in[0].t() : in[0];
+        return from_vector(ref_layer_norm(x, 1, affine ? in[1] : Tensor(), affine ? in[2] : Tensor(), 1e-5).out,
+                           x.sizes());
+      };
+      if (cols < 8) {
+        // Thousands of rows of 3 or 4 values include some with a tiny spread: x - mean keeps the f32 rounding of x
+        // (~6e-8) and rstd (up to ~1e2 there) scales it, so the absolute error reaches a few 1e-6.
+        c.tolerance = [](DType dt) { return dt == DType::f32 ? Tolerance{1e-4, 1e-4} : default_tolerance(dt); };
+      }
+      check_op(c, device());
+    }
+  }
+  // Saved statistics of long rows: f64 (too long to cache) and f32 (cached).
+  for (DType dt : {DType::f64, DType::f32}) {
+    SCOPED_TRACE(dtype_name(dt));
+    const Tensor x = rand_input({4, 5000}, -2.0, 3.0).to(dt);
+    const RefLayerNorm r = ref_layer_norm(x.to(DType::f64), 1, Tensor(), Tensor(), 1e-5);
+    const LayerNormResult res = layer_norm_with_stats(x.to(device()), {5000}, Tensor(), Tensor());
+    const Tolerance tol = dt == DType::f64 ? Tolerance{1e-12, 1e-12} : Tolerance{1e-5, 1e-6};
+    EXPECT_TRUE(allclose(res.mean, from_vector(r.mean, {4}), tol));
+    EXPECT_TRUE(allclose(res.rstd, from_vector(r.rstd, {4}), tol));
+  }
+}
+
+TEST_P(LayerNormTest, MixedHalfInputWithF32Affine) {
+  EMBER_REQUIRE_KERNEL(layer_norm_stub);
+  // Note [Mixed layer norm]: an f16/bf16 x with f32 weight and/or bias gives an f32 output and f32 statistics, equal
+  // to the float64 layer norm of x's (rounded) values to f32 accuracy. Short rows and rows over 1024.
+  for (DType low : {DType::f16, DType::bf16}) {
+    for (int64_t cols : {40, 3000}) {
+      const Tensor x = rand_input({5, cols}).to(low);
+      const Tensor w = rand_input({cols}, 0.5, 1.5).to(DType::f32), b = rand_input({cols}).to(DType::f32);
+      for (int which = 0; which < 3; ++which) {  // weight and bias, weight only, bias only
+        SCOPED_TRACE(::testing::Message() << dtype_name(low) << " cols " << cols << " affine " << which);
+        const Tensor wt = which != 2 ? w : Tensor(), bt = which != 1 ? b : Tensor();
+        const LayerNormResult res =
+            ops::layer_norm_with_stats(x.to(device()), {cols}, wt.defined() ? wt.to(device()) : Tensor(),
+                                       bt.defined() ? bt.to(device()) : Tensor(), 1e-5);
+        EXPECT_EQ(res.out.dtype(), DType::f32);
+        EXPECT_EQ(res.mean.dtype(), DType::f32);
+        EXPECT_EQ(res.rstd.dtype(), DType::f32);
+        const RefLayerNorm r = ref_layer_norm(x.to(DType::f64), 1, wt.defined() ? wt.to(DType::f64) : Tensor(),
+                                              bt.defined() ? bt.to(DType::f64) : Tensor(), 1e-5);
+        EXPECT_TRUE(allclose(res.out, from_vector(r.out, {5, cols}), Tolerance{1e-5, 2e-5}));
+        EXPECT_TRUE(allclose(res.mean, from_vector(r.mean, {5}), Tolerance{1e-5, 1e-6}));
+        EXPECT_TRUE(allclose(res.rstd, from_vector(r.rstd, {5}), Tolerance{1e-5, 1e-6}));
+      }
+    }
   }
 }
 

@@ -1,6 +1,6 @@
-// CUDA kernels of the elementwise family (binary ops and comparisons, unary ops) over strided operands, registered
-// for the `binary` and `unary` stubs. Three levels per op (DESIGN.md §3): __global__ kernel, launcher (grid math on
-// the current stream), entry point (dtype/shape/device checks).
+// CUDA kernels of the elementwise family (binary ops and comparisons, unary ops, where, unary backward) over strided
+// operands, registered for the `binary`, `unary`, `where` and `unary_backward` stubs. Three levels per op (DESIGN.md
+// §3): __global__ kernel, launcher (grid math on the current stream), entry point (dtype/shape/device checks).
 // Invariant: one kernel instantiation per dtype; the op is a runtime argument; f16/bf16 load into op_math_t (float),
 // compute with the element math the CPU reference uses (elementwise_math.h), and round once when stored.
 #include <type_traits>
@@ -71,6 +71,27 @@ __global__ void unary_integer_kernel(UnaryOp op, T lo, T hi, const T* in, T* out
   }
 }
 
+// out = cond ? a : b, any dtype T.
+template <class T>
+__global__ void where_kernel(const bool* cond, const T* a, const T* b, T* out, int64_t n, OffsetCalculator<4> calc) {
+  for (int64_t i = grid_stride_begin(); i < n; i += grid_stride_step()) {
+    const auto o = calc.get(i);
+    out[o.v[0]] = cond[o.v[1]] ? a[o.v[2]] : b[o.v[3]];
+  }
+}
+
+// out = grad * d op/dx (unary_backward_fn, the CPU reference's formula) in op_math_t<T>.
+template <class T>
+__global__ void unary_backward_kernel(UnaryOp op, double p0, double p1, const T* grad, const T* saved, T* out,
+                                      int64_t n, OffsetCalculator<3> calc) {
+  using acc_t = op_math_t<T>;
+  for (int64_t i = grid_stride_begin(); i < n; i += grid_stride_step()) {
+    const auto o = calc.get(i);
+    out[o.v[0]] = T(unary_backward_fn<acc_t>(op, static_cast<acc_t>(grad[o.v[1]]), static_cast<acc_t>(saved[o.v[2]]),
+                                             p0, p1));
+  }
+}
+
 // ---- launchers --------------------------------------------------------------------------------------------------
 
 template <class T>
@@ -100,6 +121,27 @@ void launch_unary_integer(UnaryOp op, UnaryParams p, const Tensor& in, const Ten
   const auto calc = make_offset_calculator<2>({&out, &in}, unary_op_name(op));
   unary_integer_kernel<T><<<grid_for(n, out.device().index), kElementwiseThreads, 0, stream>>>(
       op, lo, hi, static_cast<const T*>(in.raw_data()), static_cast<T*>(out.raw_data()), n, calc);
+  EMBER_CUDA_LAUNCH_CHECK();
+}
+
+template <class T>
+void launch_where(const Tensor& cond, const Tensor& a, const Tensor& b, const Tensor& out, cudaStream_t stream) {
+  const int64_t n = out.numel();
+  const auto calc = make_offset_calculator<4>({&out, &cond, &a, &b}, "where");
+  where_kernel<T><<<grid_for(n, out.device().index), kElementwiseThreads, 0, stream>>>(
+      static_cast<const bool*>(cond.raw_data()), static_cast<const T*>(a.raw_data()),
+      static_cast<const T*>(b.raw_data()), static_cast<T*>(out.raw_data()), n, calc);
+  EMBER_CUDA_LAUNCH_CHECK();
+}
+
+template <class T>
+void launch_unary_backward(UnaryOp op, UnaryParams p, const Tensor& grad, const Tensor& saved, const Tensor& out,
+                           cudaStream_t stream) {
+  const int64_t n = out.numel();
+  const auto calc = make_offset_calculator<3>({&out, &grad, &saved}, unary_op_name(op));
+  unary_backward_kernel<T><<<grid_for(n, out.device().index), kElementwiseThreads, 0, stream>>>(
+      op, p.p0, p.p1, static_cast<const T*>(grad.raw_data()), static_cast<const T*>(saved.raw_data()),
+      static_cast<T*>(out.raw_data()), n, calc);
   EMBER_CUDA_LAUNCH_CHECK();
 }
 
@@ -167,9 +209,46 @@ void unary_cuda(UnaryOp op, UnaryParams p, const Tensor& in, const Tensor& out) 
   }
 }
 
+void where_cuda(const Tensor& cond, const Tensor& a, const Tensor& b, const Tensor& out) {
+  const Device device = out.device();
+  EMBER_CHECK(device.is_cuda(), DeviceError, "where: the CUDA kernel got ", out.description());
+  check_on_device("where", cond, device);
+  check_on_device("where", a, device);
+  check_on_device("where", b, device);
+  EMBER_CHECK(cond.dtype() == DType::b8, DTypeError, "where: condition ", cond.description(), " should be bool");
+  EMBER_CHECK(a.dtype() == out.dtype() && b.dtype() == out.dtype(), DTypeError, "where: operands ", a.description(),
+              " and ", b.description(), " should have the output's dtype (", out.description(), ")");
+  EMBER_CHECK(cond.sizes() == out.sizes() && a.sizes() == out.sizes() && b.sizes() == out.sizes(), ShapeError,
+              "where: operands are not expanded to the output ", out.description());
+  if (out.numel() == 0) return;
+  DeviceGuard guard(device.index);
+  const cudaStream_t stream = ::ember::cuda::current_stream(device.index).get();
+  EMBER_DISPATCH_ALL(out.dtype(), "where", [&] { launch_where<scalar_t>(cond, a, b, out, stream); });
+}
+
+void unary_backward_cuda(UnaryOp op, UnaryParams p, const Tensor& grad, const Tensor& saved, const Tensor& out) {
+  const char* name = unary_op_name(op);
+  const Device device = out.device();
+  EMBER_CHECK(device.is_cuda(), DeviceError, name, " backward: the CUDA kernel got ", out.description());
+  check_on_device(name, grad, device);
+  check_on_device(name, saved, device);
+  EMBER_CHECK(grad.dtype() == out.dtype() && saved.dtype() == out.dtype(), DTypeError, name, " backward: grad ",
+              grad.description(), " and saved ", saved.description(), " should have the output's dtype (",
+              out.description(), ")");
+  EMBER_CHECK(grad.sizes() == out.sizes() && saved.sizes() == out.sizes(), ShapeError, name, " backward: grad ",
+              grad.description(), " and saved ", saved.description(), " differ in shape from ", out.description());
+  if (out.numel() == 0) return;
+  DeviceGuard guard(device.index);
+  const cudaStream_t stream = ::ember::cuda::current_stream(device.index).get();
+  EMBER_DISPATCH_FLOAT(out.dtype(), name,
+                       [&] { launch_unary_backward<scalar_t>(op, p, grad, saved, out, stream); });
+}
+
 }  // namespace
 
 EMBER_REGISTER_KERNEL(binary, DeviceType::CUDA, binary_cuda);
 EMBER_REGISTER_KERNEL(unary, DeviceType::CUDA, unary_cuda);
+EMBER_REGISTER_KERNEL(where, DeviceType::CUDA, where_cuda);
+EMBER_REGISTER_KERNEL(unary_backward, DeviceType::CUDA, unary_backward_cuda);
 
 }  // namespace ember::kernels::cuda

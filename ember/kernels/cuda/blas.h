@@ -1,0 +1,45 @@
+// The GEMM entry of the CUDA backend: strided-batched row-major products through cuBLASLt (the default) or the
+// hand-written tensor-core kernel (a strategy for benchmarking), used by bmm and by the im2col convolution path.
+// Invariant: every workspace comes from the caching allocator on the stream the product runs on; nothing here
+// synchronises the host.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "ember/core/dtype.h"
+
+namespace ember::cuda {
+
+// A batch of row-major matrices: element (b, i, j) lives at data + (b * batch_stride + i * row_stride +
+// j * col_stride) elements. batch_stride may be 0 (one matrix shared by every batch).
+struct MatrixRef {
+  const void* data = nullptr;
+  int64_t batch_stride = 0, row_stride = 0, col_stride = 1;
+};
+
+// Which kernel computes gemm(): cuBLASLt (any dtype), or the hand-written tensor-core kernel (f16/bf16 operands, f32
+// accumulation; other dtypes and layouts it does not take still go to cuBLASLt).
+enum class GemmStrategy : int8_t { CublasLt, TensorCore };
+GemmStrategy gemm_strategy();
+// Sets the strategy for the process; EMBER_GEMM=cublaslt|tensorcore sets the initial value (ConfigError otherwise).
+void set_gemm_strategy(GemmStrategy s);
+
+// For every b < batch: out[b] (M x N) = alpha * a[b] (M x K) @ bm[b] (K x N) + beta * out[b], where out[b] has
+// unit column stride, row stride ldo and batch stride out_batch_stride. dtype is every operand's dtype: f32 (f32
+// accumulation, no TF32), f64, f16 or bf16 (f32 accumulation). An operand is read in place when one of its strides
+// is unit and the other at least the matching extent (size-1 dims take any stride); otherwise (neither unit, a
+// broadcast row or column, a negative batch stride) it is packed into a contiguous copy first (Note [GEMM through
+// cuBLASLt] in blas.cu). beta == 0 means out is not read (it may hold NaN); K == 0 gives out = beta * out. Batches of
+// out must not overlap (ValueError). `device` is current; scratch comes from the allocator for `stream`.
+void gemm(DType dtype, int64_t batch, int64_t M, int64_t N, int64_t K, const MatrixRef& a, const MatrixRef& b,
+          void* out, int64_t out_batch_stride, int64_t ldo, double alpha, double beta, int device, cudaStream_t stream);
+
+// The hand-written tensor-core GEMM (mma.sync, f16/bf16 in, f32 accumulate): out[b] = a[b] @ bm[b] for contiguous
+// row-major a [batch, M, K], b [batch, K, N] and out [batch, M, N] (batch strides M*K, K*N, M*N; any M, N, K >= 1).
+// dtype is f16 or bf16. Exposed for the benchmarks, which compare it with cuBLASLt on the same operands.
+void tensor_core_gemm(DType dtype, int64_t batch, int64_t M, int64_t N, int64_t K, const void* a, const void* b,
+                      void* out, cudaStream_t stream);
+
+}  // namespace ember::cuda

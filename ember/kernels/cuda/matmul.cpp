@@ -1,0 +1,52 @@
+// The CUDA kernel of the `bmm` stub: out[b] = a[b] @ bm[b] for a [B, M, K], bm [B, K, N] with any strides (batch
+// stride 0 where a side broadcasts) into the contiguous out [B, M, N], through gemm() (blas.h).
+// Invariant: the operands reach gemm() as the views they are; gemm() decides per operand whether cuBLASLt reads it
+// in place or from a packed copy (Note [GEMM through cuBLASLt] in blas.cu), and K == 0 yields zeros.
+#include "ember/kernels/cuda/blas.h"
+#include "ember/kernels/cuda/stream.h"
+#include "ember/kernels/stubs.h"
+
+namespace ember::kernels::cuda {
+namespace {
+
+using ::ember::cuda::DeviceGuard;
+using ::ember::cuda::MatrixRef;
+
+void check_on_device(const Tensor& t, Device device) {
+  EMBER_CHECK(t.device() == device, DeviceError, "bmm: the CUDA kernel got ", t.description(), " (expected ",
+              device.str(), ")");
+}
+
+void bmm_cuda(const Tensor& a, const Tensor& b, const Tensor& out) {
+  const Device device = out.device();
+  EMBER_CHECK(device.is_cuda(), DeviceError, "bmm: the CUDA kernel got ", out.description());
+  check_on_device(a, device);
+  check_on_device(b, device);
+  // The CPU kernel takes the floating dtypes (EMBER_DISPATCH_FLOAT), one for all three tensors.
+  const DType dt = out.dtype();
+  EMBER_CHECK(dt == DType::f32 || dt == DType::f64 || dt == DType::f16 || dt == DType::bf16, DTypeError,
+              "bmm: expects a floating dtype, got ", out.description());
+  EMBER_CHECK(a.dtype() == dt && b.dtype() == dt, DTypeError, "bmm: operands ", a.description(), " and ",
+              b.description(), " must have the output's dtype (", out.description(), ")");
+  EMBER_CHECK(a.dim() == 3 && b.dim() == 3 && out.dim() == 3, ShapeError, "bmm: expects [B, M, K] x [B, K, N] -> ",
+              "[B, M, N], got ", a.description(), ", ", b.description(), " and ", out.description());
+  const int64_t B = a.size(0), M = a.size(1), K = a.size(2), N = b.size(2);
+  EMBER_CHECK(b.size(0) == B && b.size(1) == K && out.size(0) == B && out.size(1) == M && out.size(2) == N, ShapeError,
+              "bmm: shapes ", shape_str(a.sizes()), " x ", shape_str(b.sizes()), " -> ", shape_str(out.sizes()),
+              " do not match [B, M, K] x [B, K, N] -> [B, M, N]");
+  EMBER_CHECK(out.is_contiguous(), ValueError, "bmm: the output ", out.description(), " must be contiguous");
+  if (out.numel() == 0) return;
+  DeviceGuard guard(device.index);
+  const cudaStream_t stream = ::ember::cuda::current_stream(device.index).get();
+  // An empty operand (K == 0) may have no storage (null data); gemm() reads neither operand then.
+  const MatrixRef ra{a.raw_data(), a.stride(0), a.stride(1), a.stride(2)};
+  const MatrixRef rb{b.raw_data(), b.stride(0), b.stride(1), b.stride(2)};
+  ::ember::cuda::gemm(dt, B, M, N, K, ra, rb, out.raw_data(), M * N, N, /*alpha=*/1.0, /*beta=*/0.0, device.index,
+                      stream);
+}
+
+}  // namespace
+
+EMBER_REGISTER_KERNEL(bmm, DeviceType::CUDA, bmm_cuda);
+
+}  // namespace ember::kernels::cuda

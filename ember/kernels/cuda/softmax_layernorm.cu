@@ -1,0 +1,498 @@
+// CUDA softmax / log-softmax along any dim of any strides and layer norm over an [rows, cols] view (three levels per
+// op, DESIGN.md §3). Invariant: results follow cpu/softmax_layernorm.cpp (max subtracted first, NaN/+inf rows NaN,
+// biased variance, rstd = 1 / sqrt(var + eps)) in op_math_t, and every element of out, mean and rstd is written.
+#include <cstdint>
+#include <limits>
+
+#include "ember/base/cuda_check.h"
+#include "ember/kernels/convert.h"
+#include "ember/kernels/cuda/stream.h"
+#include "ember/kernels/cuda/tensor_iter.cuh"
+#include "ember/kernels/elementwise_math.h"
+#include "ember/kernels/stubs.h"
+
+namespace ember::kernels::cuda {
+namespace {
+
+using ::ember::cuda::device_properties;
+using ::ember::cuda::DeviceGuard;
+using ::ember::cuda::grid_for;
+using ::ember::cuda::grid_stride_begin;
+using ::ember::cuda::grid_stride_step;
+using ::ember::cuda::kElementwiseThreads;
+using ::ember::cuda::make_offset_calculator;
+using ::ember::cuda::OffsetCalculator;
+
+// Note [Softmax and layer norm kernel shapes]
+// A "row" is the set of elements one result depends on: the n elements along the softmax dim, or one layer-norm row.
+//   * warp path (n <= kWarpMaxCols): one warp per row, lane l holding elements l, l + 32, ... in registers
+//     (kWarpPerLane of them), reductions by xor shuffles, so every lane ends with the row's max / sum;
+//   * block path (n > kWarpMaxCols): one block of kBlockThreads per row, reductions through shared memory
+//     (block_all_reduce). The row is cached in dynamic shared memory (op_math_t values) when it fits in kMaxCacheBytes,
+//     otherwise re-read from global memory on each pass; either way thread t only ever touches the elements
+//     t, t + blockDim.x, ..., so the cache needs no barrier of its own;
+//   * column path (softmax whose dim is strided in memory, with many rows or short rows): one thread per row, each
+//     walking its row, so that consecutive threads read neighbouring addresses.
+// Rows are visited in grid-stride loops whose trip count is uniform per warp (warp path) or per block (block path),
+// so full-mask shuffles always see 32 active lanes and every __syncthreads is reached by the whole block. The layer
+// norm warp kernel takes exactly one row per warp instead (a warp past the last row exits as a whole): inside a row
+// loop the compiler hoists the loop-invariant weight/bias loads out of it and runs out of registers.
+constexpr int kWarpSize = 32;
+constexpr unsigned kFullMask = 0xffffffffu;
+constexpr int kWarpPerLane = 32;
+constexpr int64_t kWarpMaxCols = kWarpSize * kWarpPerLane;  // 1024
+constexpr int kWarpThreads = 128;                           // 4 rows per block on the warp path
+constexpr int kWarpMinBlocksPerSm = 4;                      // softmax: caps registers at 128 a thread
+constexpr int kBlockThreads = 512;
+constexpr int64_t kMaxCacheBytes = 32 * 1024;  // + 32 reduction slots: below the 48 KiB default limit
+constexpr int64_t kColumnMinRows = 1024;
+constexpr int64_t kColumnMaxShortRow = 32;
+static_assert(kWarpThreads % kWarpSize == 0 && kBlockThreads % kWarpSize == 0, "whole warps only");
+static_assert(kBlockThreads / kWarpSize <= kWarpSize, "block_reduce finishes in one warp");
+
+// ---- reductions -------------------------------------------------------------------------------------------------
+
+// max that propagates NaN from either side (a plain `a > b ? a : b` drops a NaN b), as the CPU's has_nan flag does.
+template <class A>
+__device__ __forceinline__ A nan_max(A a, A b) {
+  return (a != a || a > b) ? a : b;
+}
+
+struct SumOp {
+  template <class A>
+  __device__ __forceinline__ A operator()(A a, A b) const {
+    return a + b;
+  }
+};
+struct MaxOp {
+  template <class A>
+  __device__ __forceinline__ A operator()(A a, A b) const {
+    return nan_max(a, b);
+  }
+};
+
+// Every lane of a fully active warp gets op over the 32 lanes' values.
+template <class A, class Op>
+__device__ __forceinline__ A warp_all_reduce(A v, Op op) {
+  EMBER_UNROLL
+  for (int offset = kWarpSize / 2; offset > 0; offset >>= 1) v = op(v, __shfl_xor_sync(kFullMask, v, offset));
+  return v;
+}
+
+// Every thread of the block gets op over all threads' values. Called by all threads of the block (blockDim.x a
+// multiple of 32, at most 1024); `slots` is __shared__ [32]. The leading barrier keeps a call's writes from racing
+// with the previous call's reads of the slots.
+template <class A, class Op>
+__device__ __forceinline__ A block_all_reduce(A v, Op op, A identity, A* slots) {
+  const int lane = static_cast<int>(threadIdx.x) % kWarpSize, warp = static_cast<int>(threadIdx.x) / kWarpSize;
+  const int warps = static_cast<int>(blockDim.x) / kWarpSize;
+  v = warp_all_reduce(v, op);
+  __syncthreads();
+  if (lane == 0) slots[warp] = v;
+  __syncthreads();
+  v = lane < warps ? slots[lane] : identity;
+  return warp_all_reduce(v, op);
+}
+
+template <class A>
+__device__ __forceinline__ A neg_inf() {
+  return -std::numeric_limits<A>::infinity();
+}
+
+// ---- softmax kernels --------------------------------------------------------------------------------------------
+
+// Row r of the softmax: offsets of its first element from `rows` (in, out), then n elements `in_stride` /
+// `out_stride` apart.
+struct SoftmaxArgs {
+  const void* in;
+  void* out;
+  int64_t rows, n, in_stride, out_stride;
+  bool log;
+  OffsetCalculator<2> rows_calc;  // over the shape with the softmax dim set to 1; operands (out, in)
+};
+
+template <class T>
+__global__ void __launch_bounds__(kWarpThreads, kWarpMinBlocksPerSm) softmax_warp_kernel(SoftmaxArgs a) {
+  using acc_t = op_math_t<T>;
+  const int lane = static_cast<int>(threadIdx.x) % kWarpSize;
+  const int64_t warps_per_block = blockDim.x / kWarpSize;
+  const int64_t first = static_cast<int64_t>(blockIdx.x) * warps_per_block + threadIdx.x / kWarpSize;
+  const int64_t step = static_cast<int64_t>(gridDim.x) * warps_per_block;
+  for (int64_t row = first; row < a.rows; row += step) {  // uniform across the warp
+    const auto o = a.rows_calc.get(row);
+    const T* x = static_cast<const T*>(a.in) + o.v[1];
+    T* y = static_cast<T*>(a.out) + o.v[0];
+    acc_t v[kWarpPerLane];
+    acc_t mx = neg_inf<acc_t>();
+    EMBER_UNROLL
+    for (int i = 0; i < kWarpPerLane; ++i) {
+      const int64_t k = lane + static_cast<int64_t>(i) * kWarpSize;
+      v[i] = k < a.n ? static_cast<acc_t>(x[k * a.in_stride]) : acc_t(0);
+      if (k < a.n) mx = nan_max(mx, v[i]);
+    }
+    mx = warp_all_reduce(mx, MaxOp{});
+    acc_t sum = 0;
+    EMBER_UNROLL
+    for (int i = 0; i < kWarpPerLane; ++i) {
+      const int64_t k = lane + static_cast<int64_t>(i) * kWarpSize;
+      if (k < a.n) {
+        const acc_t e = ember_exp(v[i] - mx);
+        if (!a.log) v[i] = e;  // exp once per element; the log form needs x - mx again instead
+        sum += e;
+      }
+    }
+    sum = warp_all_reduce(sum, SumOp{});
+    const acc_t lse = a.log ? ember_log(sum) : acc_t(0);
+    const acc_t inv = a.log ? acc_t(0) : acc_t(1) / sum;
+    EMBER_UNROLL
+    for (int i = 0; i < kWarpPerLane; ++i) {
+      const int64_t k = lane + static_cast<int64_t>(i) * kWarpSize;
+      if (k < a.n) y[k * a.out_stride] = T(a.log ? v[i] - mx - lse : v[i] * inv);
+    }
+  }
+}
+
+template <class T>
+__global__ void __launch_bounds__(kBlockThreads) softmax_block_kernel(SoftmaxArgs a, bool cached) {
+  using acc_t = op_math_t<T>;
+  extern __shared__ __align__(16) unsigned char smem[];
+  acc_t* cache = reinterpret_cast<acc_t*>(smem);  // [n] when `cached`
+  __shared__ acc_t slots[kWarpSize];
+  for (int64_t row = blockIdx.x; row < a.rows; row += gridDim.x) {  // uniform across the block
+    const auto o = a.rows_calc.get(row);
+    const T* x = static_cast<const T*>(a.in) + o.v[1];
+    T* y = static_cast<T*>(a.out) + o.v[0];
+    acc_t mx = neg_inf<acc_t>();
+    for (int64_t k = threadIdx.x; k < a.n; k += blockDim.x) {
+      const acc_t v = static_cast<acc_t>(x[k * a.in_stride]);
+      if (cached) cache[k] = v;
+      mx = nan_max(mx, v);
+    }
+    mx = block_all_reduce(mx, MaxOp{}, neg_inf<acc_t>(), slots);
+    acc_t sum = 0;
+    for (int64_t k = threadIdx.x; k < a.n; k += blockDim.x) {
+      const acc_t v = cached ? cache[k] : static_cast<acc_t>(x[k * a.in_stride]);
+      const acc_t e = ember_exp(v - mx);
+      if (cached && !a.log) cache[k] = e;
+      sum += e;
+    }
+    sum = block_all_reduce(sum, SumOp{}, acc_t(0), slots);
+    if (a.log) {
+      const acc_t lse = ember_log(sum);
+      for (int64_t k = threadIdx.x; k < a.n; k += blockDim.x) {
+        const acc_t v = cached ? cache[k] : static_cast<acc_t>(x[k * a.in_stride]);
+        y[k * a.out_stride] = T(v - mx - lse);
+      }
+    } else {
+      const acc_t inv = acc_t(1) / sum;
+      for (int64_t k = threadIdx.x; k < a.n; k += blockDim.x) {
+        const acc_t e = cached ? cache[k] : ember_exp(static_cast<acc_t>(x[k * a.in_stride]) - mx);
+        y[k * a.out_stride] = T(e * inv);
+      }
+    }
+  }
+}
+
+template <class T>
+__global__ void softmax_column_kernel(SoftmaxArgs a) {
+  using acc_t = op_math_t<T>;
+  for (int64_t row = grid_stride_begin(); row < a.rows; row += grid_stride_step()) {
+    const auto o = a.rows_calc.get(row);
+    const T* x = static_cast<const T*>(a.in) + o.v[1];
+    T* y = static_cast<T*>(a.out) + o.v[0];
+    acc_t mx = neg_inf<acc_t>();
+    for (int64_t k = 0; k < a.n; ++k) mx = nan_max(mx, static_cast<acc_t>(x[k * a.in_stride]));
+    acc_t sum = 0;
+    for (int64_t k = 0; k < a.n; ++k) sum += ember_exp(static_cast<acc_t>(x[k * a.in_stride]) - mx);
+    if (a.log) {
+      const acc_t lse = ember_log(sum);
+      for (int64_t k = 0; k < a.n; ++k) y[k * a.out_stride] = T(static_cast<acc_t>(x[k * a.in_stride]) - mx - lse);
+    } else {
+      const acc_t inv = acc_t(1) / sum;
+      for (int64_t k = 0; k < a.n; ++k)
+        y[k * a.out_stride] = T(ember_exp(static_cast<acc_t>(x[k * a.in_stride]) - mx) * inv);
+    }
+  }
+}
+
+// ---- layer norm kernels -----------------------------------------------------------------------------------------
+
+// x [rows, cols] with any strides; weight/bias [cols] (contiguous) or null; out [rows, cols] and mean/rstd [rows]
+// contiguous. weight, bias and out hold T, or float when `affine_f32` (Note [Mixed layer norm] in ops_norm.cpp);
+// mean/rstd hold op_math_t<T> (f32, or f64 for an f64 x).
+struct LayerNormArgs {
+  const void* x;
+  int64_t rows, cols, row_stride, col_stride;
+  const void* weight;  // contiguous
+  const void* bias;    // contiguous
+  bool affine_f32;
+  double eps;
+  void* out;
+  void* mean;
+  void* rstd;
+};
+
+// out[row, j] from x's value v, as the CPU: (v - mean) * rstd, times weight, plus bias. P: the element type of
+// weight, bias and out (T, or float for the mixed form), chosen once per kernel so the element loop has one path.
+template <class P, class A>
+__device__ __forceinline__ void layer_norm_store(const LayerNormArgs& a, int64_t row, int64_t j, A v, A mu, A inv) {
+  A r = (v - mu) * inv;
+  if (a.weight) r *= static_cast<A>(static_cast<const P*>(a.weight)[j]);
+  if (a.bias) r += static_cast<A>(static_cast<const P*>(a.bias)[j]);
+  static_cast<P*>(a.out)[row * a.cols + j] = P(r);
+}
+
+// The write pass of one row on the warp path, from the lane's values v.
+template <class P, class A>
+__device__ __forceinline__ void layer_norm_warp_write(const LayerNormArgs& a, int64_t row, int lane,
+                                                      const A (&v)[kWarpPerLane], A mu, A inv) {
+  EMBER_UNROLL
+  for (int i = 0; i < kWarpPerLane; ++i) {
+    const int64_t k = lane + static_cast<int64_t>(i) * kWarpSize;
+    if (k < a.cols) layer_norm_store<P>(a, row, k, v[i], mu, inv);
+  }
+}
+
+// The write pass of one row on the block path, from the cache or from x.
+template <class T, class P, class A>
+__device__ __forceinline__ void layer_norm_block_write(const LayerNormArgs& a, int64_t row, const T* x, const A* cache,
+                                                       bool cached, A mu, A inv) {
+  for (int64_t k = threadIdx.x; k < a.cols; k += blockDim.x)
+    layer_norm_store<P>(a, row, k, cached ? cache[k] : static_cast<A>(x[k * a.col_stride]), mu, inv);
+}
+
+template <class T>
+__device__ __forceinline__ void layer_norm_store_stats(const LayerNormArgs& a, int64_t row, op_math_t<T> mu,
+                                                       op_math_t<T> inv) {
+  static_cast<op_math_t<T>*>(a.mean)[row] = mu;
+  static_cast<op_math_t<T>*>(a.rstd)[row] = inv;
+}
+
+template <class T>
+__global__ void __launch_bounds__(kWarpThreads) layer_norm_warp_kernel(LayerNormArgs a) {
+  using acc_t = op_math_t<T>;
+  const int lane = static_cast<int>(threadIdx.x) % kWarpSize;
+  const int64_t warps_per_block = blockDim.x / kWarpSize;
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * warps_per_block + threadIdx.x / kWarpSize;
+  const acc_t n = static_cast<acc_t>(a.cols), eps = static_cast<acc_t>(a.eps);
+  if (row < a.rows) {  // uniform across the warp
+    const T* x = static_cast<const T*>(a.x) + row * a.row_stride;
+    acc_t v[kWarpPerLane];
+    acc_t s = 0;
+    EMBER_UNROLL
+    for (int i = 0; i < kWarpPerLane; ++i) {
+      const int64_t k = lane + static_cast<int64_t>(i) * kWarpSize;
+      v[i] = k < a.cols ? static_cast<acc_t>(x[k * a.col_stride]) : acc_t(0);
+      s += v[i];
+    }
+    const acc_t mu = warp_all_reduce(s, SumOp{}) / n;
+    acc_t ss = 0;
+    EMBER_UNROLL
+    for (int i = 0; i < kWarpPerLane; ++i) {
+      const int64_t k = lane + static_cast<int64_t>(i) * kWarpSize;
+      if (k < a.cols) {
+        const acc_t d = v[i] - mu;
+        ss += d * d;
+      }
+    }
+    const acc_t inv = acc_t(1) / ember_sqrt(warp_all_reduce(ss, SumOp{}) / n + eps);
+    if (lane == 0) layer_norm_store_stats<T>(a, row, mu, inv);
+    if constexpr (detail::is_half_v<T>) {
+      if (a.affine_f32) {
+        layer_norm_warp_write<float>(a, row, lane, v, mu, inv);
+      } else {
+        layer_norm_warp_write<T>(a, row, lane, v, mu, inv);
+      }
+    } else {
+      layer_norm_warp_write<T>(a, row, lane, v, mu, inv);
+    }
+  }
+}
+
+template <class T>
+__global__ void __launch_bounds__(kBlockThreads) layer_norm_block_kernel(LayerNormArgs a, bool cached) {
+  using acc_t = op_math_t<T>;
+  extern __shared__ __align__(16) unsigned char smem[];
+  acc_t* cache = reinterpret_cast<acc_t*>(smem);  // [cols] when `cached`
+  __shared__ acc_t slots[kWarpSize];
+  const acc_t n = static_cast<acc_t>(a.cols), eps = static_cast<acc_t>(a.eps);
+  for (int64_t row = blockIdx.x; row < a.rows; row += gridDim.x) {  // uniform across the block
+    const T* x = static_cast<const T*>(a.x) + row * a.row_stride;
+    acc_t s = 0;
+    for (int64_t k = threadIdx.x; k < a.cols; k += blockDim.x) {
+      const acc_t v = static_cast<acc_t>(x[k * a.col_stride]);
+      if (cached) cache[k] = v;
+      s += v;
+    }
+    const acc_t mu = block_all_reduce(s, SumOp{}, acc_t(0), slots) / n;
+    acc_t ss = 0;
+    for (int64_t k = threadIdx.x; k < a.cols; k += blockDim.x) {
+      const acc_t d = (cached ? cache[k] : static_cast<acc_t>(x[k * a.col_stride])) - mu;
+      ss += d * d;
+    }
+    const acc_t inv = acc_t(1) / ember_sqrt(block_all_reduce(ss, SumOp{}, acc_t(0), slots) / n + eps);
+    if (threadIdx.x == 0) layer_norm_store_stats<T>(a, row, mu, inv);
+    if constexpr (detail::is_half_v<T>) {
+      if (a.affine_f32) {
+        layer_norm_block_write<T, float>(a, row, x, cache, cached, mu, inv);
+      } else {
+        layer_norm_block_write<T, T>(a, row, x, cache, cached, mu, inv);
+      }
+    } else {
+      layer_norm_block_write<T, T>(a, row, x, cache, cached, mu, inv);
+    }
+  }
+}
+
+// ---- launchers --------------------------------------------------------------------------------------------------
+
+// Blocks for `work` units of which each block takes `per_block`, capped at `per_sm` blocks per SM (the kernels
+// loop over the rest).
+unsigned int capped_blocks(int64_t work, int64_t per_block, int64_t per_sm, int device) {
+  const int64_t needed = (work + per_block - 1) / per_block;
+  const int64_t cap = static_cast<int64_t>(device_properties(device).sm_count) * per_sm;
+  const int64_t blocks = needed < cap ? needed : cap;
+  return static_cast<unsigned int>(blocks < 1 ? 1 : blocks);
+}
+
+// Dynamic shared memory for a block-path row of n values of type A: the whole row when it fits, else none.
+template <class A>
+size_t row_cache_bytes(int64_t n) {
+  const int64_t bytes = n * static_cast<int64_t>(sizeof(A));
+  return bytes <= kMaxCacheBytes ? static_cast<size_t>(bytes) : 0;
+}
+
+template <class T>
+void launch_softmax(const char* op, const Tensor& in, const Tensor& out, int64_t dim, bool log, cudaStream_t stream) {
+  SoftmaxArgs a;
+  a.in = in.raw_data();
+  a.out = out.raw_data();
+  a.n = in.size(dim);
+  a.rows = in.numel() / a.n;
+  a.in_stride = in.stride(dim);
+  a.out_stride = out.stride(dim);
+  a.log = log;
+  Shape row_shape = in.sizes();
+  row_shape[static_cast<size_t>(dim)] = 1;  // the calculator skips size-1 dims: it visits each row's first element
+  a.rows_calc = make_offset_calculator<2>(row_shape, {&out.strides(), &in.strides()}, op);
+  const int device = out.device().index;
+  // Note [Softmax and layer norm kernel shapes]: a dim strided in memory goes to the column path when there are
+  // enough rows to fill the device (or the rows are too short for a warp to pay); otherwise rows are spread over
+  // warps or blocks, whose loads are then strided.
+  const bool column = a.in_stride != 1 && a.n > 1 && (a.rows >= kColumnMinRows || a.n <= kColumnMaxShortRow);
+  if (column) {
+    softmax_column_kernel<T><<<grid_for(a.rows, device), kElementwiseThreads, 0, stream>>>(a);
+    EMBER_CUDA_LAUNCH_CHECK();
+  } else if (a.n <= kWarpMaxCols) {
+    const unsigned int blocks = capped_blocks(a.rows, kWarpThreads / kWarpSize, 16, device);
+    softmax_warp_kernel<T><<<blocks, kWarpThreads, 0, stream>>>(a);
+    EMBER_CUDA_LAUNCH_CHECK();
+  } else {
+    const size_t smem = row_cache_bytes<op_math_t<T>>(a.n);
+    softmax_block_kernel<T><<<capped_blocks(a.rows, 1, 4, device), kBlockThreads, smem, stream>>>(a, smem > 0);
+    EMBER_CUDA_LAUNCH_CHECK();
+  }
+}
+
+template <class T>
+void launch_layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps, const Tensor& out,
+                       const Tensor& mean, const Tensor& rstd, cudaStream_t stream) {
+  LayerNormArgs a;
+  a.x = x.raw_data();
+  a.rows = x.size(0);
+  a.cols = x.size(1);
+  a.row_stride = x.stride(0);
+  a.col_stride = x.stride(1);
+  a.weight = weight.defined() ? weight.raw_data() : nullptr;
+  a.bias = bias.defined() ? bias.raw_data() : nullptr;
+  a.affine_f32 = out.dtype() != x.dtype();
+  a.eps = eps;
+  a.out = out.raw_data();
+  a.mean = mean.raw_data();
+  a.rstd = rstd.raw_data();
+  const int device = out.device().index;
+  if (a.cols <= kWarpMaxCols) {
+    // One row per warp, no grid-stride loop (Note [Softmax and layer norm kernel shapes]): one block per
+    // kWarpThreads / 32 rows, within gridDim.x's limit.
+    constexpr int64_t rows_per_block = kWarpThreads / kWarpSize;
+    const int64_t blocks = (a.rows + rows_per_block - 1) / rows_per_block;
+    EMBER_CHECK(blocks <= std::numeric_limits<int32_t>::max(), ShapeError, "layer_norm: ", a.rows,
+                " rows exceed the CUDA kernel's grid");
+    layer_norm_warp_kernel<T><<<static_cast<unsigned int>(blocks), kWarpThreads, 0, stream>>>(a);
+    EMBER_CUDA_LAUNCH_CHECK();
+  } else {
+    const size_t smem = row_cache_bytes<op_math_t<T>>(a.cols);
+    layer_norm_block_kernel<T><<<capped_blocks(a.rows, 1, 4, device), kBlockThreads, smem, stream>>>(a, smem > 0);
+    EMBER_CUDA_LAUNCH_CHECK();
+  }
+}
+
+// ---- entry points -----------------------------------------------------------------------------------------------
+
+void check_on_device(const char* op, const Tensor& t, Device device) {
+  EMBER_CHECK(t.device() == device, DeviceError, op, ": the CUDA kernel got ", t.description(), " (expected ",
+              device.str(), ")");
+}
+
+void softmax_cuda(const Tensor& in, const Tensor& out, int64_t dim, bool log) {
+  const char* op = log ? "log_softmax" : "softmax";
+  const Device device = out.device();
+  EMBER_CHECK(device.is_cuda(), DeviceError, op, ": the CUDA kernel got ", out.description());
+  check_on_device(op, in, device);
+  EMBER_CHECK(in.dtype() == out.dtype(), DTypeError, op, ": input ", in.description(), " and output ",
+              out.description(), " differ in dtype");
+  EMBER_CHECK(in.sizes() == out.sizes(), ShapeError, op, ": input ", in.description(), " and output ",
+              out.description(), " differ in shape");
+  EMBER_CHECK(dim >= 0 && dim < in.dim(), IndexError, op, ": dim ", dim, " out of range for ", in.description());
+  if (out.numel() == 0) return;
+  DeviceGuard guard(device.index);
+  const cudaStream_t stream = ::ember::cuda::current_stream(device.index).get();
+  EMBER_DISPATCH_FLOAT(in.dtype(), op, [&] { launch_softmax<scalar_t>(op, in, out, dim, log, stream); });
+}
+
+void layer_norm_cuda(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps, const Tensor& out,
+                     const Tensor& mean, const Tensor& rstd) {
+  const char* op = "layer_norm";
+  const Device device = out.device();
+  EMBER_CHECK(device.is_cuda(), DeviceError, op, ": the CUDA kernel got ", out.description());
+  for (const Tensor* t : {&x, &weight, &bias, &mean, &rstd})
+    if (t->defined()) check_on_device(op, *t, device);
+  EMBER_CHECK(x.dim() == 2, ShapeError, op, ": the CUDA kernel takes x as [rows, cols], got ", x.description());
+  const int64_t rows = x.size(0), cols = x.size(1);
+  const DType xt = x.dtype();
+  const bool mixed = (xt == DType::f16 || xt == DType::bf16) && out.dtype() == DType::f32;
+  EMBER_CHECK(out.dtype() == xt || mixed, DTypeError, op, ": output ", out.description(),
+              " must have the input's dtype or, for an f16/bf16 input, f32 (input ", x.description(), ")");
+  EMBER_CHECK(out.sizes() == x.sizes() && out.is_contiguous(), ShapeError, op, ": output ", out.description(),
+              " must be contiguous with the input's shape ", shape_str(x.sizes()));
+  for (const Tensor* p : {&weight, &bias}) {
+    if (!p->defined()) continue;
+    EMBER_CHECK(p->dtype() == out.dtype(), DTypeError, op, ": affine parameter ", p->description(),
+                " must have the output's dtype (", out.description(), ")");
+    EMBER_CHECK(p->dim() == 1 && p->size(0) == cols, ShapeError, op, ": affine parameter ", p->description(),
+                " must be [", cols, "]");
+  }
+  const DType stats = xt == DType::f64 ? DType::f64 : DType::f32;
+  for (const Tensor* s : {&mean, &rstd}) {
+    EMBER_CHECK(s->dtype() == stats, DTypeError, op, ": statistics ", s->description(), " must be ", dtype_name(stats),
+                " for input ", x.description());
+    EMBER_CHECK(s->numel() == rows && s->is_contiguous(), ShapeError, op, ": statistics ", s->description(),
+                " must be contiguous with ", rows, " elements");
+  }
+  // cols == 0 goes through the kernels too: mean 0/0 and rstd 1/sqrt(NaN + eps) come out NaN, as on the CPU.
+  if (rows == 0) return;
+  DeviceGuard guard(device.index);
+  const cudaStream_t stream = ::ember::cuda::current_stream(device.index).get();
+  // weight/bias are read once per row element: a strided one (rare: a view of a bigger parameter) is copied to a
+  // contiguous [cols] first, on this stream, so the kernels index them by column alone.
+  const Tensor w = weight.defined() ? weight.contiguous() : Tensor();
+  const Tensor b = bias.defined() ? bias.contiguous() : Tensor();
+  EMBER_DISPATCH_FLOAT(xt, op, [&] { launch_layer_norm<scalar_t>(x, w, b, eps, out, mean, rstd, stream); });
+}
+
+}  // namespace
+
+EMBER_REGISTER_KERNEL(softmax, DeviceType::CUDA, softmax_cuda);
+EMBER_REGISTER_KERNEL(layer_norm, DeviceType::CUDA, layer_norm_cuda);
+
+}  // namespace ember::kernels::cuda

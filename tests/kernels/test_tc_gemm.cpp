@@ -1,0 +1,135 @@
+// Tests of the hand-written tensor-core GEMM (ember::cuda::tensor_core_gemm, kernels/cuda/tc_gemm.cu) against a
+// float64 CPU product of the same f16/bf16-rounded operands: partial tiles, batches, the 16-byte cp.async load path
+// and the element-wise one (unaligned shapes or pointers), plus the argument checks. The cuda instance skips without a
+// GPU; a build without CUDA compiles the suite to one skipped test.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "tests/harness/op_harness.h"
+
+#if defined(EMBER_WITH_CUDA)
+#include <cuda_runtime.h>
+
+#include "ember/kernels/cuda/blas.h"
+#include "ember/kernels/cuda/stream.h"
+#endif
+
+namespace ember::testing {
+namespace {
+
+class TensorCoreGemmTest : public DeviceTest {};
+
+#if defined(EMBER_WITH_CUDA)
+
+struct GemmShape {
+  int64_t batch, M, N, K;
+  std::string str() const { return detail::concat(batch, " x [", M, " x ", K, "] @ [", K, " x ", N, "]"); }
+};
+
+// out[b] = a[b] @ bm[b] in float64 for row-major [batch, M, K] and [batch, K, N] values.
+std::vector<double> reference_bmm(const std::vector<double>& a, const std::vector<double>& b, const GemmShape& s) {
+  std::vector<double> out(static_cast<size_t>(s.batch * s.M * s.N), 0.0);
+  for (int64_t t = 0; t < s.batch; ++t) {
+    const double* pa = a.data() + t * s.M * s.K;
+    const double* pb = b.data() + t * s.K * s.N;
+    double* po = out.data() + t * s.M * s.N;
+    for (int64_t i = 0; i < s.M; ++i)
+      for (int64_t k = 0; k < s.K; ++k) {
+        const double x = pa[i * s.K + k];
+        for (int64_t j = 0; j < s.N; ++j) po[i * s.N + j] += x * pb[k * s.N + j];
+      }
+  }
+  return out;
+}
+
+// max |actual - expected| / max |expected|; infinite when an element of `actual` is not finite (an unwritten,
+// NaN-poisoned output included) or when the sizes differ.
+double normalised_error(const std::vector<double>& actual, const std::vector<double>& expected) {
+  if (actual.size() != expected.size()) return INFINITY;
+  double max_err = 0.0, max_ref = 0.0;
+  for (size_t i = 0; i < actual.size(); ++i) {
+    if (!std::isfinite(actual[i])) return INFINITY;
+    max_err = std::max(max_err, std::abs(actual[i] - expected[i]));
+    max_ref = std::max(max_ref, std::abs(expected[i]));
+  }
+  return max_ref > 0.0 ? max_err / max_ref : max_err;
+}
+
+constexpr double kMaxNormalisedError = 1e-2;
+
+// Runs tensor_core_gemm on `s` for `dtype` and compares with the float64 product of the rounded operands. With
+// `offset` each operand starts one element into its buffer (2 bytes: not 16-byte aligned), which forces the
+// element-wise load path and unpaired stores.
+void check_gemm(DType dtype, const GemmShape& s, Device device, bool offset) {
+  SCOPED_TRACE(detail::concat(dtype_name(dtype), " ", s.str(), offset ? " (operands at an odd element)" : ""));
+  const int64_t o = offset ? 1 : 0;
+  const int64_t na = s.batch * s.M * s.K, nb = s.batch * s.K * s.N, no = s.batch * s.M * s.N;
+  // Operands are rounded to the dtype first; the reference multiplies exactly those values.
+  const Tensor a = rand_input({o + na}).to(dtype).to(device);
+  const Tensor b = rand_input({o + nb}).to(dtype).to(device);
+  const Tensor out = empty({o + no}, {dtype, device});
+  const Tensor a_view = a.slice(0, o, o + na), b_view = b.slice(0, o, o + nb), out_view = out.slice(0, o, o + no);
+  const std::vector<double> expected = reference_bmm(a_view.to_vector<double>(), b_view.to_vector<double>(), s);
+
+  cuda::tensor_core_gemm(dtype, s.batch, s.M, s.N, s.K, a_view.raw_data(), b_view.raw_data(), out_view.raw_data(),
+                         cuda::current_stream(device.index).get());
+  const double err = normalised_error(out_view.to_vector<double>(), expected);
+  EXPECT_LE(err, kMaxNormalisedError);
+}
+
+TEST_P(TensorCoreGemmTest, MatchesFloat64Reference) {
+  EMBER_SKIP_WITHOUT_CUDA();
+  const std::vector<GemmShape> shapes = {
+      {1, 1, 1, 1},           // a single element: everything but one lane is masked
+      {1, 17, 33, 9},         // unaligned K and N: element-wise loads, partial tiles everywhere
+      {1, 128, 128, 32},      // exactly one block tile and one K step
+      {1, 256, 192, 320},     // several tiles along M and K, a partial tile along N
+      {1, 1000, 1000, 1000},  // large, aligned (K, N multiples of 8), partial edge tiles
+      {3, 129, 200, 72},      // batched, aligned, one row past a tile
+      {3, 45, 31, 27},        // batched, unaligned
+      {2, 70, 36, 40},        // K % 8 == 0 (A by cp.async), N % 8 != 0 (B element-wise), odd tile edges
+      {2, 70, 40, 36},        // K % 8 != 0 (A element-wise), N % 8 == 0 (B by cp.async)
+      {1, 64, 8, 2000},       // long K: many pipeline iterations, one narrow N tile
+  };
+  for (DType dtype : {DType::f16, DType::bf16}) {
+    for (const GemmShape& s : shapes) check_gemm(dtype, s, device(), /*offset=*/false);
+    // Aligned shapes at unaligned addresses take the element-wise loads and unpaired stores.
+    check_gemm(dtype, {1, 128, 128, 32}, device(), /*offset=*/true);
+    check_gemm(dtype, {2, 96, 72, 200}, device(), /*offset=*/true);
+  }
+}
+
+TEST_P(TensorCoreGemmTest, EmptyKGivesZeros) {
+  EMBER_SKIP_WITHOUT_CUDA();
+  const Tensor out = empty({2, 5, 7}, {DType::bf16, device()});  // NaN-poisoned by the test allocator
+  cuda::tensor_core_gemm(DType::bf16, 2, 5, 7, 0, nullptr, nullptr, out.raw_data(),
+                         cuda::current_stream(device().index).get());
+  const std::vector<double> got = out.to_vector<double>();
+  EXPECT_TRUE(std::all_of(got.begin(), got.end(), [](double v) { return v == 0.0; }));
+}
+
+// Argument checks come before any CUDA call, so they run on machines without a GPU too.
+TEST(TensorCoreGemmHost, RejectsUnsupportedDTypesAndNegativeSizes) {
+  const std::string msg = error_message<DTypeError>(
+      [] { cuda::tensor_core_gemm(DType::f32, 1, 2, 2, 2, nullptr, nullptr, nullptr, nullptr); });
+  EXPECT_NE(msg.find("tensor_core_gemm"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("f32"), std::string::npos) << msg;
+  EXPECT_THROW(cuda::tensor_core_gemm(DType::f16, 1, -1, 2, 2, nullptr, nullptr, nullptr, nullptr), ShapeError);
+  // Nothing to compute: no launch, no pointer is touched.
+  EXPECT_NO_THROW(cuda::tensor_core_gemm(DType::f16, 0, 4, 4, 4, nullptr, nullptr, nullptr, nullptr));
+  EXPECT_NO_THROW(cuda::tensor_core_gemm(DType::bf16, 2, 4, 0, 4, nullptr, nullptr, nullptr, nullptr));
+}
+
+#else
+
+TEST_P(TensorCoreGemmTest, MatchesFloat64Reference) { GTEST_SKIP() << "ember was built without the CUDA backend"; }
+
+#endif
+
+INSTANTIATE_TEST_SUITE_P(cuda, TensorCoreGemmTest, ::testing::Values(Device::cuda(0)), device_param_name);
+
+}  // namespace
+}  // namespace ember::testing
