@@ -85,6 +85,28 @@ Tensor attention_qkv(const Tensor& qkv, int64_t n_head, bool causal) {
   return r.out;
 }
 
+// One node for the fused softmax + cross-entropy (Note [Fused cross-entropy] in kernels/stubs.h): saves the
+// logits, the targets and the rows' log-sum-exp; backward recomputes the probabilities and writes the logits'
+// gradient in one piece.
+Tensor cross_entropy_rows(const Tensor& logits, const Tensor& target, int64_t ignore_index, double smoothing) {
+  Tensor lse;
+  Tensor loss = forward_op("cross_entropy_rows", {&logits}, [&] {
+    CrossEntropyResult r = ops::cross_entropy_rows(logits, target, ignore_index, smoothing);
+    lse = r.lse;
+    return r.loss;
+  });
+  if (auto node = make_node("cross_entropy_rows", {&logits})) {
+    node->save(logits);  // 0
+    node->save(target);  // 1
+    node->save(lse);     // 2
+    node->formula = [ignore_index, smoothing](const BackwardContext& c, const TensorList& g) -> TensorList {
+      return {ops::cross_entropy_rows_backward(g[0], c.saved(0), c.saved(1), c.saved(2), ignore_index, smoothing)};
+    };
+    node->set_outputs({&loss});
+  }
+  return loss;
+}
+
 LayerNormResult layer_norm_with_stats(const Tensor& x, const Shape& normalized_shape, const Tensor& weight,
                                       const Tensor& bias, double eps) {
   if (autocast::should_cast({&x, &weight, &bias})) {

@@ -85,6 +85,12 @@ Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& 
 Tensor attention_qkv(const Tensor& qkv, int64_t n_head, bool causal);
 using ops::has_attention_kernel;
 
+// Per-row softmax + cross-entropy of logits [M, C] against i64 target [M] (ops::cross_entropy_rows; Note [Fused
+// cross-entropy] in kernels/stubs.h): loss [M] (f32 for f16/bf16 logits), 0 on ignored rows; differentiable in
+// logits. Devices where has_cross_entropy_kernel.
+Tensor cross_entropy_rows(const Tensor& logits, const Tensor& target, int64_t ignore_index, double smoothing);
+using ops::has_cross_entropy_kernel;
+
 // ---- embedding, convolution, pooling, dropout ------------------------------------------------------------------
 Tensor embedding(const Tensor& weight, const Tensor& indices);  // differentiable in weight
 using ops::embedding_backward;

@@ -19,6 +19,9 @@ struct LayerNormResult {
 struct AttentionResult {
   Tensor out, probs;  // out [B, T, C]; probs [B, H, T, T], the attention weights backward reads
 };
+struct CrossEntropyResult {
+  Tensor loss, lse;  // [M] each, in the accumulation dtype: the per-row loss and the row's log-sum-exp
+};
 struct MaxPoolResult {
   Tensor out, indices;
 };
@@ -108,6 +111,18 @@ AttentionResult attention_qkv(const Tensor& qkv, int64_t n_head, bool causal);
 Tensor attention_qkv_backward(const Tensor& grad_out, const Tensor& qkv, const Tensor& probs, int64_t n_head,
                               bool causal);
 bool has_attention_kernel(Device device);
+
+// ---- fused softmax + cross-entropy (Note [Fused cross-entropy] in kernels/stubs.h) ---------------------------------
+// Per-row loss of logits [M, C] (floating, any layout) against target [M] (i64; each ignore_index or in [0, C):
+// IndexError otherwise, a host copy of the targets) with label smoothing s in [0, 1]: loss [M] and lse [M] in
+// f32 for f16/bf16 logits, else the logits' dtype; ignored rows have loss 0. The backward takes grad_loss [M] (any
+// floating dtype and layout) and returns grad_logits [M, C] in the logits' dtype. Devices with the kernel:
+// has_cross_entropy_kernel (meta included: a dry run allocates what a real one does).
+CrossEntropyResult cross_entropy_rows(const Tensor& logits, const Tensor& target, int64_t ignore_index,
+                                      double smoothing);
+Tensor cross_entropy_rows_backward(const Tensor& grad_loss, const Tensor& logits, const Tensor& target,
+                                   const Tensor& lse, int64_t ignore_index, double smoothing);
+bool has_cross_entropy_kernel(Device device);
 
 // ---- embedding ------------------------------------------------------------------------------------------------
 Tensor embedding(const Tensor& weight, const Tensor& indices);  // out shape: indices.shape + [D]

@@ -195,6 +195,23 @@ using AmpUpdateScaleFn = void (*)(const Tensor& scale, const Tensor& growth_trac
 EMBER_DECLARE_STUB(amp_unscale, AmpUnscaleFn);
 EMBER_DECLARE_STUB(amp_update_scale, AmpUpdateScaleFn);
 
+// ---- fused softmax + cross-entropy over rows ---------------------------------------------------------------------
+// Note [Fused cross-entropy]: logits [M, C] (contiguous, floating) and target [M] (i64, contiguous; every value is
+// ignore_index or in [0, C): the front end checked). With s the label smoothing, lse_i = log sum_j e^(x_ij) and
+// acc the accumulation dtype (f32 for f16/bf16 logits, else the logits' dtype):
+//   forward:  loss[i] = lse_i - (1 - s) x_i,t - (s / C) sum_j x_ij   (0 for an ignored row); loss, lse [M] in acc;
+//   backward: grad_logits[i, j] = grad_loss[i] (e^(x_ij - lse_i) - (1 - s) [j == t_i] - s / C)   (0 for an ignored
+//             row); grad_loss [M] contiguous in acc, grad_logits [M, C] in the logits' dtype, every element written.
+// The normalised logits (log-softmax) are never materialised: forward keeps two numbers per row, backward recomputes
+// the probabilities from the logits and lse.
+using CrossEntropyFn = void (*)(const Tensor& logits, const Tensor& target, int64_t ignore_index, double smoothing,
+                                const Tensor& loss, const Tensor& lse);
+using CrossEntropyBackwardFn = void (*)(const Tensor& grad_loss, const Tensor& logits, const Tensor& target,
+                                        const Tensor& lse, int64_t ignore_index, double smoothing,
+                                        const Tensor& grad_logits);
+EMBER_DECLARE_STUB(cross_entropy, CrossEntropyFn);
+EMBER_DECLARE_STUB(cross_entropy_backward, CrossEntropyBackwardFn);
+
 // ---- fused attention over packed q, k, v ---------------------------------------------------------------------------
 // qkv [B, T, 3 C] (contiguous): q, k, v side by side, each [B, T, H, C / H]. out [B, T, C] = the heads' attention
 // outputs side by side; probs [B, H, T, T] = softmax(q k^T / sqrt(C / H)) with the causal mask (zeros above the

@@ -124,6 +124,29 @@ Tensor nll_rows(const char* op, const ClassRows& r, const Tensor& logp, int64_t 
   return cast(loss, out_dtype);
 }
 
+// Note [Fused cross-entropy path]
+// Where the device has the fused kernel (ops::cross_entropy_rows; Note [Fused cross-entropy] in kernels/stubs.h),
+// cross_entropy never materialises log_softmax: the node saves the logits and one log-sum-exp per row, and its
+// backward writes the logits' gradient directly, instead of the [M, C] log-probabilities (saved), the [M*C]
+// scattered gradient of the selection and the [M, C] log_softmax gradient of the composed path. Under autocast the
+// kernel reads f16/bf16 logits and computes in f32, so no f32 copy of the logits is made either. The loss is the
+// composed path's (same formula, f32/f64 accumulation); targets are checked by the op (IndexError).
+Tensor fused_cross_entropy(const ClassRows& r, int64_t ignore_index, double label_smoothing, Reduction reduction,
+                           DType out_dtype) {
+  const Tensor per_row = ember::cross_entropy_rows(r.rows, r.target, ignore_index, label_smoothing);  // 0 if ignored
+  Tensor loss;
+  switch (reduction) {
+    case Reduction::None: loss = per_row.reshape(r.out_shape); break;
+    case Reduction::Sum: loss = sum(per_row); break;
+    case Reduction::Mean: {
+      const Tensor valid = ne(r.target, scalar_tensor(ignore_index, {DType::i64, r.target.device()}));
+      loss = div(sum(per_row), sum(cast(valid, per_row.dtype())));  // mean over non-ignored rows
+      break;
+    }
+  }
+  return cast(loss, out_dtype);
+}
+
 }  // namespace
 
 // ---- losses --------------------------------------------------------------------------------------------------------
@@ -134,9 +157,16 @@ Tensor cross_entropy(const Tensor& input, const Tensor& target, int64_t ignore_i
               "cross_entropy: label_smoothing must be between 0.0 and 1.0, got ", label_smoothing);
   if (autocast::should_cast({&input})) {
     autocast::BodyGuard body;
+    if (has_cross_entropy_kernel(input.device())) {  // f16/bf16 logits read as they are, f32 math and result
+      const ClassRows r = to_class_rows("cross_entropy", input, target);
+      const bool half = input.dtype() == DType::f16 || input.dtype() == DType::bf16;
+      return fused_cross_entropy(r, ignore_index, label_smoothing, reduction, half ? DType::f32 : input.dtype());
+    }
     return cross_entropy(autocast::fp32(input), target, ignore_index, label_smoothing, reduction);
   }
   const ClassRows r = to_class_rows("cross_entropy", input, target);
+  if (has_cross_entropy_kernel(input.device()))
+    return fused_cross_entropy(r, ignore_index, label_smoothing, reduction, input.dtype());
   return nll_rows("cross_entropy", r, ember::log_softmax(r.rows, 1), ignore_index, label_smoothing, reduction);
 }
 
