@@ -46,7 +46,7 @@ void add_estimate_command(CLI::App& app) {
   CLI::App* cmd = app.add_subcommand(
       "estimate", "predict the peak memory of AdamW training steps of a standard config (a dry run on meta, "
                   "through the CPU allocator's policy; EMBER_ALLOC_CONF sets it)");
-  cmd->add_option("--model", args->model, "mlp | cnn | gpt")->check(CLI::IsMember({"mlp", "cnn", "gpt"}));
+  cmd->add_option("--model", args->model, "mlp | cnn | gpt | gpt2 (GPT-2 124M)")->check(CLI::IsMember({"mlp", "cnn", "gpt", "gpt2"}));
   cmd->add_option("--batch-size", args->batch, "batch size (default: the config's)")
       ->check(CLI::Range(int64_t{1}, std::numeric_limits<int64_t>::max()));
   cmd->add_option("--amp", args->amp, "mixed precision: none | fp16 | bf16 | autocast-fp16 | autocast-bf16")

@@ -47,7 +47,7 @@ void add_plan_command(CLI::App& app) {
   CLI::App* cmd = app.add_subcommand(
       "plan", "rank precision x checkpointing x accumulation plans of a standard config that fit a memory budget "
               "(dry runs through the estimator)");
-  cmd->add_option("--model", args->model, "mlp | cnn | gpt")->check(CLI::IsMember({"mlp", "cnn", "gpt"}));
+  cmd->add_option("--model", args->model, "mlp | cnn | gpt | gpt2 (GPT-2 124M)")->check(CLI::IsMember({"mlp", "cnn", "gpt", "gpt2"}));
   cmd->add_option("--batch-size", args->batch, "effective batch (default: the config's)")
       ->check(CLI::Range(int64_t{1}, std::numeric_limits<int64_t>::max()));
   cmd->add_option("--budget", args->budget, "memory the step may reserve, e.g. 512MiB")->required();

@@ -27,6 +27,17 @@ namespace ember::train {
 
 namespace F = nn::functional;
 
+nn::GPTConfig gpt2_124m() {
+  nn::GPTConfig c;
+  c.vocab_size = 50304;  // GPT-2's 50257 tokens padded to a multiple of 128, as nanoGPT and llm.c train it
+  c.block_size = 1024;
+  c.n_layer = 12;
+  c.n_head = 12;
+  c.n_embd = 768;
+  c.bias = true;
+  return c;
+}
+
 StandardTask make_standard_task(const std::string& name, Device device, uint64_t seed, int64_t batch) {
   EMBER_CHECK(batch >= 0, ValueError, "make_standard_task: batch must be >= 0 (0: the default), got ", batch);
   manual_seed(seed);
@@ -45,8 +56,12 @@ StandardTask make_standard_task(const std::string& name, Device device, uint64_t
   } else if (name == "gpt") {
     t.batch = batch > 0 ? batch : 12;
     t.model = std::make_shared<nn::GPT>(gpt);
+  } else if (name == "gpt2") {
+    gpt = gpt2_124m();
+    t.batch = batch > 0 ? batch : 4;
+    t.model = std::make_shared<nn::GPT>(gpt);
   } else {
-    EMBER_THROW(ValueError, "unknown standard config '", name, "' (known: mlp, cnn, gpt)");
+    EMBER_THROW(ValueError, "unknown standard config '", name, "' (known: mlp, cnn, gpt, gpt2)");
   }
   t.model->to(device);
   if (name == "mlp") {
@@ -59,6 +74,7 @@ StandardTask make_standard_task(const std::string& name, Device device, uint64_t
     t.inputs = (rand({t.batch, gpt.block_size}, f32) * double(gpt.vocab_size)).to(DType::i64);
     t.targets = (rand({t.batch, gpt.block_size}, f32) * double(gpt.vocab_size)).to(DType::i64);
   }
+  t.tokens = name == "gpt" || name == "gpt2" ? t.batch * gpt.block_size : t.batch;
   nn::Module* model = t.model.get();
   t.loss_on = [model](const Tensor& x, const Tensor& y) {
     const Tensor logits = model->forward(x);
@@ -138,6 +154,8 @@ BenchTrainResult bench_train(const BenchTrainOptions& o) {
   r.ms_per_step_median = ms.size() % 2 ? ms[ms.size() / 2] : 0.5 * (ms[ms.size() / 2 - 1] + ms[ms.size() / 2]);
   r.ms_per_step_min = ms.front();
   r.ms_per_step_max = ms.back();
+  r.tokens_per_step = setup.task.tokens;
+  r.tokens_per_s = static_cast<double>(r.tokens_per_step) / (r.ms_per_step_median * 1e-3);
   const memory::AllocatorStats s = alloc.stats();
   r.peak_allocated_bytes = s.peak_allocated_bytes;
   r.peak_reserved_bytes = s.peak_reserved_bytes;
@@ -157,6 +175,8 @@ std::string BenchTrainResult::to_json() const {
   j["ms_per_step_median"] = ms_per_step_median;
   j["ms_per_step_min"] = ms_per_step_min;
   j["ms_per_step_max"] = ms_per_step_max;
+  j["tokens_per_step"] = tokens_per_step;
+  j["tokens_per_s"] = tokens_per_s;
   j["peak_rss_mib"] = peak_rss_mib;
   j["peak_allocated_bytes"] = peak_allocated_bytes;
   j["peak_reserved_bytes"] = peak_reserved_bytes;

@@ -9,22 +9,28 @@
 
 #include "ember/core/tensor.h"
 #include "ember/nn/module.h"
+#include "ember/nn/transformer.h"
 
 namespace ember::train {
 
 // One standard configuration on a device: the model, one fixed batch, and the loss of the model on it.
 //   mlp: 784-1024-1024-10 ReLU, batch 256, random inputs and labels;
 //   cnn: the MNIST Net without dropout, batch 64, random 1×28×28 inputs;
-//   gpt: nanoGPT's char config (4 layers, 4 heads, 128 wide, block 64, vocab 65), batch 12, random tokens.
+//   gpt: nanoGPT's char config (4 layers, 4 heads, 128 wide, block 64, vocab 65), batch 12, random tokens;
+//   gpt2: GPT-2 124M (gpt2_124m()), batch 4, random tokens — the GPU peer comparison's model.
 struct StandardTask {
   std::string name;
   std::shared_ptr<nn::Module> model;
   Tensor inputs, targets;
   int64_t batch = 0;
+  int64_t tokens = 0;  // what one step consumes: batch x block tokens for gpt/gpt2, batch samples otherwise
   std::function<Tensor()> loss;  // forward + cross-entropy on the batch (records the graph)
   // The same on any (inputs, targets) of the task's layout, e.g. a micro-batch: rows of the batch.
   std::function<Tensor(const Tensor& inputs, const Tensor& targets)> loss_on;
 };
+// GPT-2 124M as nanoGPT and llm.c train it: 12 layers, 12 heads, 768 wide, block 1024, vocab 50304, biases.
+nn::GPTConfig gpt2_124m();
+
 // ValueError for an unknown name (the message lists the known ones) or a negative batch; batch 0 takes the
 // config's default above. Seeds the default generator with `seed`. The model is made on the host and moved to
 // `device` before the batch is made there (on meta, the batch draws nothing from the generator).
@@ -50,6 +56,8 @@ struct BenchTrainResult {
   int64_t steps = 0, batch = 0, parameters = 0;
   int threads = 1;  // CPU threads of the kernels (get_num_threads) during the run
   double ms_per_step_median = 0, ms_per_step_min = 0, ms_per_step_max = 0;
+  int64_t tokens_per_step = 0;  // StandardTask::tokens
+  double tokens_per_s = 0;      // tokens_per_step over the median step time
   double peak_rss_mib = 0;           // the process's peak resident set (getrusage), MiB
   int64_t peak_allocated_bytes = 0;  // the device allocator's peak during the timed steps
   int64_t peak_reserved_bytes = 0;
