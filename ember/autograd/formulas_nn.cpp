@@ -69,14 +69,14 @@ Tensor log_softmax(const Tensor& x, int64_t dim) {
 // Everything runs in the statistics' dtype (f32 for f16/bf16 x, f64 for f64): the gradients come back in it and the
 // engine rounds them to the inputs' dtypes once. mean/rstd have x's leading shape; they broadcast after a reshape
 // that appends n ones.
-// One node for the whole attention (Note [Fused attention] in kernels/cpu/attention.cpp): saves qkv and the
-// attention weights; backward writes the gradient of qkv in one piece.
+// One node for the whole attention (Note [Fused attention] in kernels/cpu/attention.cpp): saves qkv and one
+// log-sum-exp per query row (Note [Attention saves lse]); backward writes the gradient of qkv in one piece.
 Tensor attention_qkv(const Tensor& qkv, int64_t n_head, bool causal) {
   AttentionResult r =
       forward_op("attention_qkv", {&qkv}, [&] { return ops::attention_qkv(qkv, n_head, causal); });
   if (auto node = make_node("attention_qkv", {&qkv})) {
     node->save(qkv);      // 0
-    node->save(r.probs);  // 1
+    node->save(r.lse);    // 1
     node->formula = [n_head, causal](const BackwardContext& c, const TensorList& g) -> TensorList {
       return {ops::attention_qkv_backward(g[0], c.saved(0), c.saved(1), n_head, causal)};
     };

@@ -81,7 +81,8 @@ Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& 
                   const Tensor& bias = Tensor(), double eps = 1e-5);
 
 // Multi-head attention of a GPT block over its packed projection qkv [B, T, 3 C] -> [B, T, C] (ops::attention_qkv;
-// Note [Fused attention] in kernels/cpu/attention.cpp); differentiable in qkv. f32/f64 where has_attention_kernel.
+// Note [Fused attention] in kernels/cpu/attention.cpp); differentiable in qkv, where has_attention_kernel(device,
+// dtype).
 Tensor attention_qkv(const Tensor& qkv, int64_t n_head, bool causal);
 using ops::has_attention_kernel;
 

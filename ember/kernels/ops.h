@@ -17,7 +17,7 @@ struct LayerNormResult {
   Tensor out, mean, rstd;  // mean/rstd: shape of x without the normalised dims
 };
 struct AttentionResult {
-  Tensor out, probs;  // out [B, T, C]; probs [B, H, T, T], the attention weights backward reads
+  Tensor out, lse;  // out [B, T, C]; lse [B, H, T], each query row's log-sum-exp, which backward reads
 };
 struct CrossEntropyResult {
   Tensor loss, lse;  // [M] each, in the accumulation dtype: the per-row loss and the row's log-sum-exp
@@ -105,12 +105,14 @@ Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& 
 // ---- fused attention ----------------------------------------------------------------------------------------------
 // Multi-head attention over the packed projection qkv [B, T, 3 C] of a GPT block (q, k, v side by side, n_head heads
 // of C / n_head), scale 1 / sqrt(C / n_head): out [B, T, C] with the heads side by side, as y.transpose(1, 2)
-// .reshape({B, T, C}) of scaled_dot_product_attention over the split heads. f32/f64 on devices with the kernel
-// (has_attention_kernel); the composed ops elsewhere.
+// .reshape({B, T, C}) of scaled_dot_product_attention over the split heads, and lse [B, H, T] (f32 for f16/bf16
+// qkv): backward recomputes the weights from it (Note [Attention saves lse] in kernels/cpu/attention.cpp). Devices
+// and dtypes with the kernel: has_attention_kernel (CPU and meta f32/f64; CUDA also f16/bf16); the composed ops
+// elsewhere.
 AttentionResult attention_qkv(const Tensor& qkv, int64_t n_head, bool causal);
-Tensor attention_qkv_backward(const Tensor& grad_out, const Tensor& qkv, const Tensor& probs, int64_t n_head,
+Tensor attention_qkv_backward(const Tensor& grad_out, const Tensor& qkv, const Tensor& lse, int64_t n_head,
                               bool causal);
-bool has_attention_kernel(Device device);
+bool has_attention_kernel(Device device, DType dtype);
 
 // ---- fused softmax + cross-entropy (Note [Fused cross-entropy] in kernels/stubs.h) ---------------------------------
 // Per-row loss of logits [M, C] (floating, any layout) against target [M] (i64; each ignore_index or in [0, C):

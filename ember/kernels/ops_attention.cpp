@@ -1,6 +1,6 @@
 // Fused multi-head attention front ends over the packed projection qkv [B, T, 3 C] of a GPT block.
-// Invariant: the kernels see contiguous qkv [B, T, 3 C] and grad_out [B, T, C] of one floating dtype, probs
-// [B, H, T, T] as the forward wrote it, and fresh contiguous outputs (out [B, T, C], probs, grad_qkv [B, T, 3 C]).
+// Invariant: the kernels see contiguous qkv [B, T, 3 C] and grad_out [B, T, C] of one floating dtype, lse [B, H, T]
+// (accumulation dtype) as the forward wrote it, and fresh contiguous outputs (out [B, T, C], lse, grad_qkv).
 #include "ember/kernels/ops.h"
 
 namespace ember {
@@ -28,9 +28,13 @@ AttentionShape check_qkv(const char* op, const Tensor& qkv, int64_t n_head) {
 
 }  // namespace
 
-bool has_attention_kernel(Device device) {
-  // A dry run on meta mirrors the CPU kernel (its Meta entry replays the CPU workspace).
-  return attention_stub.has(device.type) && attention_backward_stub.has(device.type);
+DType attention_lse_dtype(DType qkv) { return qkv == DType::f16 || qkv == DType::bf16 ? DType::f32 : qkv; }
+
+bool has_attention_kernel(Device device, DType dtype) {
+  if (!attention_stub.has(device.type) || !attention_backward_stub.has(device.type)) return false;
+  // The CPU kernel (and the meta replay of its workspace) computes in f32/f64; the CUDA one takes 16-bit qkv too.
+  const bool wide = dtype == DType::f32 || dtype == DType::f64;
+  return wide || (device.is_cuda() && (dtype == DType::f16 || dtype == DType::bf16));
 }
 
 AttentionResult attention_qkv(const Tensor& qkv, int64_t n_head, bool causal) {
@@ -38,25 +42,25 @@ AttentionResult attention_qkv(const Tensor& qkv, int64_t n_head, bool causal) {
   const AttentionShape s = check_qkv(op, qkv, n_head);
   const TensorOptions opts(qkv.dtype(), qkv.device());
   Tensor out = empty({s.B, s.T, s.C}, opts);
-  Tensor probs = empty({s.B, n_head, s.T, s.T}, opts);
-  if (out.numel() > 0) run_kernel(attention_stub, qkv.device(), qkv.contiguous(), n_head, causal, out, probs);
-  return {out, probs};
+  Tensor lse = empty({s.B, n_head, s.T}, TensorOptions(attention_lse_dtype(qkv.dtype()), qkv.device()));
+  if (out.numel() > 0) run_kernel(attention_stub, qkv.device(), qkv.contiguous(), n_head, causal, out, lse);
+  return {out, lse};
 }
 
-Tensor attention_qkv_backward(const Tensor& grad_out, const Tensor& qkv, const Tensor& probs, int64_t n_head,
+Tensor attention_qkv_backward(const Tensor& grad_out, const Tensor& qkv, const Tensor& lse, int64_t n_head,
                               bool causal) {
   const char* op = "attention_qkv_backward";
   const AttentionShape s = check_qkv(op, qkv, n_head);
-  common_device(op, {&grad_out, &qkv, &probs});
-  EMBER_CHECK(grad_out.dtype() == qkv.dtype() && probs.dtype() == qkv.dtype(), DTypeError, op,
-              ": grad_out, qkv and probs must have one dtype, got ", grad_out.description(), ", ", qkv.description(),
-              " and ", probs.description());
-  EMBER_CHECK(grad_out.sizes() == Shape({s.B, s.T, s.C}) && probs.sizes() == Shape({s.B, n_head, s.T, s.T}), ShapeError,
-              op, ": grad_out ", shape_str(grad_out.sizes()), " and probs ", shape_str(probs.sizes()),
-              " do not fit qkv ", shape_str(qkv.sizes()), " with ", n_head, " heads");
+  common_device(op, {&grad_out, &qkv, &lse});
+  EMBER_CHECK(grad_out.dtype() == qkv.dtype() && lse.dtype() == attention_lse_dtype(qkv.dtype()), DTypeError, op,
+              ": grad_out must have qkv's dtype and lse ", dtype_name(attention_lse_dtype(qkv.dtype())), ", got ",
+              grad_out.description(), ", ", qkv.description(), " and ", lse.description());
+  EMBER_CHECK(grad_out.sizes() == Shape({s.B, s.T, s.C}) && lse.sizes() == Shape({s.B, n_head, s.T}), ShapeError, op,
+              ": grad_out ", shape_str(grad_out.sizes()), " and lse ", shape_str(lse.sizes()), " do not fit qkv ",
+              shape_str(qkv.sizes()), " with ", n_head, " heads");
   Tensor grad_qkv = empty(qkv.sizes(), TensorOptions(qkv.dtype(), qkv.device()));
   if (grad_qkv.numel() > 0)
-    run_kernel(attention_backward_stub, qkv.device(), grad_out.contiguous(), qkv.contiguous(), probs.contiguous(),
+    run_kernel(attention_backward_stub, qkv.device(), grad_out.contiguous(), qkv.contiguous(), lse.contiguous(),
                n_head, causal, grad_qkv);
   return grad_qkv;
 }

@@ -213,11 +213,14 @@ EMBER_DECLARE_STUB(cross_entropy, CrossEntropyFn);
 EMBER_DECLARE_STUB(cross_entropy_backward, CrossEntropyBackwardFn);
 
 // ---- fused attention over packed q, k, v ---------------------------------------------------------------------------
-// qkv [B, T, 3 C] (contiguous): q, k, v side by side, each [B, T, H, C / H]. out [B, T, C] = the heads' attention
-// outputs side by side; probs [B, H, T, T] = softmax(q k^T / sqrt(C / H)) with the causal mask (zeros above the
-// diagonal when causal). Backward: grad_out [B, T, C] (contiguous) -> grad_qkv [B, T, 3 C], every element written.
-using AttentionFn = void (*)(const Tensor& qkv, int64_t n_head, bool causal, const Tensor& out, const Tensor& probs);
-using AttentionBackwardFn = void (*)(const Tensor& grad_out, const Tensor& qkv, const Tensor& probs, int64_t n_head,
+// qkv [B, T, 3 C] (contiguous): q, k, v side by side, each [B, T, H, C / H]. With s_ij = q_i . k_j / sqrt(C / H) over
+// the unmasked keys of row i (j <= i when causal, every j otherwise): out [B, T, C] = the heads' outputs
+// sum_j e^(s_ij - lse_i) v_j side by side, and lse [B, H, T] = log sum_j e^(s_ij), in the accumulation dtype (f32 for
+// f16/bf16 qkv, else qkv's). Backward: grad_out [B, T, C] (contiguous), qkv and lse -> grad_qkv [B, T, 3 C], every
+// element written; the weights are recomputed as e^(s_ij - lse_i) (Note [Attention saves lse] in
+// kernels/cpu/attention.cpp): nothing of size T x T outlives a call.
+using AttentionFn = void (*)(const Tensor& qkv, int64_t n_head, bool causal, const Tensor& out, const Tensor& lse);
+using AttentionBackwardFn = void (*)(const Tensor& grad_out, const Tensor& qkv, const Tensor& lse, int64_t n_head,
                                      bool causal, const Tensor& grad_qkv);
 EMBER_DECLARE_STUB(attention, AttentionFn);
 EMBER_DECLARE_STUB(attention_backward, AttentionBackwardFn);

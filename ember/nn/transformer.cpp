@@ -52,9 +52,9 @@ Tensor CausalSelfAttention::forward(const Tensor& x) {
   const int64_t B = x.size(0), T = x.size(1), C = n_embd, hd = C / n_head;
   const Tensor qkv = c_attn->forward(x);  // [B, T, 3 C]
   const double p = is_training() ? attn_dropout->p : 0.0;
-  // One fused node where the device has the kernel (Note [Fused attention] in kernels/cpu/attention.cpp); the
-  // composed ops otherwise, and for attention-weight dropout or 16-bit activations.
-  if (p == 0.0 && has_attention_kernel(qkv.device()) && (qkv.dtype() == DType::f32 || qkv.dtype() == DType::f64))
+  // One fused node where the device has the kernel for qkv's dtype (Note [Fused attention] in
+  // kernels/cpu/attention.cpp); the composed ops otherwise, and for attention-weight dropout.
+  if (p == 0.0 && has_attention_kernel(qkv.device(), qkv.dtype()))
     return resid_dropout->forward(c_proj->forward(attention_qkv(qkv, n_head, /*causal=*/true)));
   // q, k, v are slice views of qkv; [B, T, C] -> [B, T, H, hd] -> [B, H, T, hd] without copies.
   auto heads = [&](int64_t i) { return qkv.slice(2, i * C, (i + 1) * C).view({B, T, n_head, hd}).transpose(1, 2); };

@@ -77,21 +77,29 @@ TEST(FusedAttention, ForwardMatchesNaiveLoops) {
   }
 }
 
-TEST(FusedAttention, SavedWeightsAreTheMaskedSoftmax) {
-  const Tensor qkv = rand_input({2, 6, 3 * 8});
-  const Tensor probs = ops::attention_qkv(qkv, 2, true).probs;
-  ASSERT_EQ(probs.sizes(), Shape({2, 2, 6, 6}));
-  const std::vector<double> p = probs.to_vector<double>();
-  for (int64_t r = 0; r < 2 * 2 * 6; ++r) {
-    const int64_t i = r % 6;
-    double sum = 0.0;
-    for (int64_t j = 0; j < 6; ++j) {
-      const double v = p[static_cast<size_t>(r * 6 + j)];
-      if (j > i) EXPECT_EQ(v, 0.0) << "row " << r << " col " << j;
-      sum += v;
-    }
-    EXPECT_NEAR(sum, 1.0, 1e-12) << "row " << r;
-  }
+// Note [Attention saves lse]: what the forward keeps for backward is each query row's log-sum-exp of its scaled,
+// masked scores.
+TEST(FusedAttention, SavedLseIsEachRowsLogSumExp) {
+  const int64_t B = 2, T = 6, C = 8, H = 2, hd = C / H;
+  const Tensor qkv = rand_input({B, T, 3 * C});
+  const Tensor lse = ops::attention_qkv(qkv, H, true).lse;
+  ASSERT_EQ(lse.sizes(), Shape({B, H, T}));
+  ASSERT_EQ(lse.dtype(), DType::f64);
+  const std::vector<double> x = qkv.to_vector<double>(), l = lse.to_vector<double>();
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < H; ++h)
+      for (int64_t i = 0; i < T; ++i) {
+        double sum = 0.0;
+        for (int64_t j = 0; j <= i; ++j) {  // causal: keys up to the query
+          double s = 0.0;
+          for (int64_t e = 0; e < hd; ++e)
+            s += x[static_cast<size_t>((b * T + i) * 3 * C + h * hd + e)] *
+                 x[static_cast<size_t>((b * T + j) * 3 * C + C + h * hd + e)];
+          sum += std::exp(s / std::sqrt(static_cast<double>(hd)));
+        }
+        EXPECT_NEAR(l[static_cast<size_t>((b * H + h) * T + i)], std::log(sum), 1e-12) << b << " " << h << " " << i;
+      }
+  EXPECT_EQ(ops::attention_qkv(qkv.to(DType::f32), H, false).lse.dtype(), DType::f32);
 }
 
 TEST(FusedAttention, GradientMatchesFiniteDifferences) {
@@ -131,7 +139,7 @@ TEST(FusedAttention, ResultsDoNotDependOnTheThreadCount) {
     ScopedNumThreads tc(threads);
     const AttentionResult r = ops::attention_qkv(qkv, 4, true);
     const std::vector<float> out = r.out.to_vector<float>();
-    const std::vector<float> grad = ops::attention_qkv_backward(g, qkv, r.probs, 4, true).to_vector<float>();
+    const std::vector<float> grad = ops::attention_qkv_backward(g, qkv, r.lse, 4, true).to_vector<float>();
     if (threads == 1) {
       first_out = out;
       first_grad = grad;
@@ -153,14 +161,14 @@ TEST(FusedAttention, BadArgumentsAreTypedErrors) {
   const AttentionResult r = ops::attention_qkv(qkv, 2, true);
   expect_error<ShapeError>(
       [&] {
-        ops::attention_qkv_backward(rand_input({2, 4, 5}), qkv, r.probs, 2, true);
+        ops::attention_qkv_backward(rand_input({2, 4, 5}), qkv, r.lse, 2, true);
       },
       "do not fit");
   expect_error<DTypeError>(
       [&] {
-        ops::attention_qkv_backward(rand_input({2, 4, 4}).to(DType::f32), qkv, r.probs, 2, true);
+        ops::attention_qkv_backward(rand_input({2, 4, 4}).to(DType::f32), qkv, r.lse, 2, true);
       },
-      "one dtype");
+      "must have qkv's dtype");
 }
 
 }  // namespace

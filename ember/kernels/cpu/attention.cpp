@@ -5,11 +5,17 @@
 // batched product, materialises the scaled scores, the mask and the masked scores, copies the output heads back side
 // by side, and in backward builds a zero-filled qkv-sized gradient for each of the three slices and adds them. Here
 // each (batch, head) pair is one item, claimed by a CPU thread when free (parallel::for_each_claimed): the products
-// read q, k, v in place from qkv (row stride 3 C), the scores are scaled, masked and normalised row by row in the
-// probs output (which backward reads), and the head's output is written straight into its columns of out [B, T, C].
+// read q, k, v in place from qkv (row stride 3 C), the scores are scaled, masked and normalised row by row in a
+// per-thread [T, T] buffer, and the head's output is written straight into its columns of out [B, T, C].
 // Backward writes dq, dk, dv straight into their columns of grad_qkv, so every element is written once and nothing
-// is zero-filled. Per thread: the forward's two Gemm shapes, backward's four and one [T, T] buffer for d probs.
+// is zero-filled. Per thread: the forward's two Gemm shapes and one [T, T] buffer, backward's five and two.
 // Results do not depend on the thread count: each item is computed whole by one thread with serial products.
+//
+// Note [Attention saves lse]
+// The forward keeps one log-sum-exp per query row (lse [B, H, T]) instead of the [B, H, T, T] weights, and backward
+// recomputes the weights as e^(s_ij - lse_i) from one more q k^T product: the bytes held between forward and backward
+// are T times fewer (GPT-2 124M at T = 1024: 48 KiB instead of 48 MiB per layer and batch row), for one extra
+// [T, hd] x [hd, T] product per item in backward (5 products instead of 4).
 #include <cmath>
 #include <type_traits>
 #include <vector>
@@ -52,11 +58,12 @@ std::vector<GemmShape> forward_shapes(const AttentionGeometry& g) {
   return {{g.T, g.hd, g.T, r, 1, 1, r}, {g.T, g.T, g.hd, g.T, 1, r, 1}};
 }
 
-// Backward's: dprobs = dout v^T [T, hd] x [hd, T]; dv = probs^T dout [T, T] x [T, hd]; dq = dscores k [T, T] x
-// [T, hd]; dk = dscores^T q [T, T] x [T, hd].
+// Backward's: scores = q k^T (recomputed, as the forward's first); dprobs = dout v^T [T, hd] x [hd, T]; dv = probs^T
+// dout [T, T] x [T, hd]; dq = dscores k [T, T] x [T, hd]; dk = dscores^T q [T, T] x [T, hd].
 std::vector<GemmShape> backward_shapes(const AttentionGeometry& g) {
   const int64_t r = 3 * g.C;
-  return {{g.T, g.hd, g.T, g.C, 1, 1, r},
+  return {{g.T, g.hd, g.T, r, 1, 1, r},
+          {g.T, g.hd, g.T, g.C, 1, 1, r},
           {g.T, g.T, g.hd, 1, g.T, g.C, 1},
           {g.T, g.T, g.hd, g.T, 1, r, 1},
           {g.T, g.T, g.hd, 1, g.T, r, 1}};
@@ -70,62 +77,94 @@ std::vector<Gemm<T>> make_gemms(const std::vector<GemmShape>& shapes) {
   return out;
 }
 
+// x[j] = e^x[j] for j < n: exp_vec for f32 (Note [Vectorisable float math] in vec_math.h), std::exp for f64.
 template <class T>
-void attention_typed(const Tensor& qkv, int64_t n_head, bool causal, const Tensor& out, const Tensor& probs) {
+void exp_row(T* x, int64_t n) {
+  for (int64_t j = 0; j < n; ++j) {
+    if constexpr (std::is_same_v<T, float>)
+      x[j] = exp_vec(x[j]);
+    else
+      x[j] = std::exp(x[j]);
+  }
+}
+
+// A thread's forward state: the Gemms and the [T, T] weights buffer.
+template <class T>
+struct ForwardWorker {
+  Tensor probs;
+  std::vector<Gemm<T>> gemm;
+};
+
+template <class T>
+void attention_typed(const Tensor& qkv, int64_t n_head, bool causal, const Tensor& out, const Tensor& lse) {
   const AttentionGeometry g = geometry(qkv, n_head);
   const T scale = static_cast<T>(1.0 / std::sqrt(static_cast<double>(g.hd)));
   const T* pq = static_cast<const T*>(qkv.raw_data());
   T* po = static_cast<T*>(out.raw_data());
-  T* pp = static_cast<T*>(probs.raw_data());
+  T* pl = static_cast<T*>(lse.raw_data());
   const int64_t slots = parallel::chunk_count(g.items(), 1);
-  std::vector<std::vector<Gemm<T>>> gemms;
-  gemms.reserve(static_cast<size_t>(slots));
-  for (int64_t s = 0; s < slots; ++s) gemms.push_back(make_gemms<T>(forward_shapes(g)));
+  std::vector<ForwardWorker<T>> workers;
+  workers.reserve(static_cast<size_t>(slots));
+  for (int64_t s = 0; s < slots; ++s) {
+    Tensor probs = empty({g.T * g.T}, TensorOptions(dtype_of_v<T>, Device::cpu()));
+    workers.push_back({std::move(probs), make_gemms<T>(forward_shapes(g))});
+  }
   parallel::for_each_claimed(g.items(), slots, [&](int64_t slot, int64_t item) {
-    std::vector<Gemm<T>>& gm = gemms[static_cast<size_t>(slot)];
+    ForwardWorker<T>& w = workers[static_cast<size_t>(slot)];
     const T* q = pq + g.qkv_offset(item);
-    T* p = pp + item * g.T * g.T;
-    gm[0].run(q, q + g.C, p, g.T);  // scores
+    T* p = static_cast<T*>(w.probs.raw_data());
+    w.gemm[0].run(q, q + g.C, p, g.T);  // scores
     for (int64_t i = 0; i < g.T; ++i) {
       T* row = p + i * g.T;
       const int64_t n = row_length(g, i, causal);
       for (int64_t j = 0; j < n; ++j) row[j] *= scale;
-      softmax_row<T>(row, 1, row, 1, n, /*log=*/false);
+      pl[item * g.T + i] = static_cast<T>(softmax_row<T>(row, 1, row, 1, n, /*log=*/false));
       for (int64_t j = n; j < g.T; ++j) row[j] = T(0);
     }
-    gm[1].run(p, q + 2 * g.C, po + g.out_offset(item), g.C);
+    w.gemm[1].run(p, q + 2 * g.C, po + g.out_offset(item), g.C);
   });
 }
 
 template <class T>
-void attention_backward_typed(const Tensor& grad_out, const Tensor& qkv, const Tensor& probs, int64_t n_head,
+void attention_backward_typed(const Tensor& grad_out, const Tensor& qkv, const Tensor& lse, int64_t n_head,
                               bool causal, const Tensor& grad_qkv) {
   const AttentionGeometry g = geometry(qkv, n_head);
   const T scale = static_cast<T>(1.0 / std::sqrt(static_cast<double>(g.hd)));
   const T* pq = static_cast<const T*>(qkv.raw_data());
-  const T* pp = static_cast<const T*>(probs.raw_data());
+  const T* pl = static_cast<const T*>(lse.raw_data());
   const T* pgo = static_cast<const T*>(grad_out.raw_data());
   T* pg = static_cast<T*>(grad_qkv.raw_data());
   const int64_t slots = parallel::chunk_count(g.items(), 1);
   struct Worker {
-    Tensor dprobs;
+    Tensor probs, dprobs;
     std::vector<Gemm<T>> gemm;
   };
   std::vector<Worker> workers;
   workers.reserve(static_cast<size_t>(slots));
   for (int64_t s = 0; s < slots; ++s) {
+    Tensor probs = empty({g.T * g.T}, TensorOptions(dtype_of_v<T>, Device::cpu()));
     Tensor dprobs = empty({g.T * g.T}, TensorOptions(dtype_of_v<T>, Device::cpu()));
-    workers.push_back({std::move(dprobs), make_gemms<T>(backward_shapes(g))});
+    workers.push_back({std::move(probs), std::move(dprobs), make_gemms<T>(backward_shapes(g))});
   }
   parallel::for_each_claimed(g.items(), slots, [&](int64_t slot, int64_t item) {
     Worker& w = workers[static_cast<size_t>(slot)];
+    T* p = static_cast<T*>(w.probs.raw_data());
     T* ds = static_cast<T*>(w.dprobs.raw_data());
     const T* q = pq + g.qkv_offset(item);
-    const T* p = pp + item * g.T * g.T;
     const T* go = pgo + g.out_offset(item);
     T* gq = pg + g.qkv_offset(item);
-    w.gemm[0].run(go, q + 2 * g.C, ds, g.T);      // d probs
-    w.gemm[1].run(p, go, gq + 2 * g.C, 3 * g.C);  // dv
+    // The weights again (Note [Attention saves lse]): e^(s_ij - lse_i) on the unmasked entries, 0 on the rest.
+    w.gemm[0].run(q, q + g.C, p, g.T);
+    for (int64_t i = 0; i < g.T; ++i) {
+      T* row = p + i * g.T;
+      const int64_t n = row_length(g, i, causal);
+      const T l = pl[item * g.T + i];
+      for (int64_t j = 0; j < n; ++j) row[j] = row[j] * scale - l;
+      exp_row(row, n);
+      for (int64_t j = n; j < g.T; ++j) row[j] = T(0);
+    }
+    w.gemm[1].run(go, q + 2 * g.C, ds, g.T);      // d probs
+    w.gemm[2].run(p, go, gq + 2 * g.C, 3 * g.C);  // dv
     // Softmax backward, masked entries (p = 0) included, and the scale: d scores = p (d probs - <d probs, p>) s.
     for (int64_t i = 0; i < g.T; ++i) {
       T* d = ds + i * g.T;
@@ -137,29 +176,29 @@ void attention_backward_typed(const Tensor& grad_out, const Tensor& qkv, const T
       for (int64_t j = 0; j < n; ++j) d[j] = pr[j] * (d[j] - dt) * scale;
       for (int64_t j = n; j < g.T; ++j) d[j] = T(0);
     }
-    w.gemm[2].run(ds, q + g.C, gq, 3 * g.C);  // dq
-    w.gemm[3].run(ds, q, gq + g.C, 3 * g.C);  // dk
+    w.gemm[3].run(ds, q + g.C, gq, 3 * g.C);  // dq
+    w.gemm[4].run(ds, q, gq + g.C, 3 * g.C);  // dk
   });
 }
 
-void attention_kernel(const Tensor& qkv, int64_t n_head, bool causal, const Tensor& out, const Tensor& probs) {
+void attention_kernel(const Tensor& qkv, int64_t n_head, bool causal, const Tensor& out, const Tensor& lse) {
   switch (qkv.dtype()) {
     case DType::f32:
-      return attention_typed<float>(qkv, n_head, causal, out, probs);
+      return attention_typed<float>(qkv, n_head, causal, out, lse);
     case DType::f64:
-      return attention_typed<double>(qkv, n_head, causal, out, probs);
+      return attention_typed<double>(qkv, n_head, causal, out, lse);
     default:
       throw_unsupported_dtype("attention_qkv", qkv.dtype());
   }
 }
 
-void attention_backward_kernel(const Tensor& grad_out, const Tensor& qkv, const Tensor& probs, int64_t n_head,
+void attention_backward_kernel(const Tensor& grad_out, const Tensor& qkv, const Tensor& lse, int64_t n_head,
                                bool causal, const Tensor& grad_qkv) {
   switch (qkv.dtype()) {
     case DType::f32:
-      return attention_backward_typed<float>(grad_out, qkv, probs, n_head, causal, grad_qkv);
+      return attention_backward_typed<float>(grad_out, qkv, lse, n_head, causal, grad_qkv);
     case DType::f64:
-      return attention_backward_typed<double>(grad_out, qkv, probs, n_head, causal, grad_qkv);
+      return attention_backward_typed<double>(grad_out, qkv, lse, n_head, causal, grad_qkv);
     default:
       throw_unsupported_dtype("attention_qkv_backward", qkv.dtype());
   }
@@ -180,7 +219,10 @@ void attention_meta_kernel(const Tensor& qkv, int64_t n_head, bool, const Tensor
   const AttentionGeometry g = geometry(qkv, n_head);
   MetaWorkspace ws;
   const int64_t slots = parallel::chunk_count(g.items(), 1);
-  for (int64_t s = 0; s < slots; ++s) take_gemms(ws, qkv.dtype(), forward_shapes(g));
+  for (int64_t s = 0; s < slots; ++s) {
+    ws.take(g.T * g.T, qkv.dtype());
+    take_gemms(ws, qkv.dtype(), forward_shapes(g));
+  }
 }
 
 void attention_backward_meta_kernel(const Tensor&, const Tensor& qkv, const Tensor&, int64_t n_head, bool,
@@ -190,6 +232,7 @@ void attention_backward_meta_kernel(const Tensor&, const Tensor& qkv, const Tens
   MetaWorkspace ws;
   const int64_t slots = parallel::chunk_count(g.items(), 1);
   for (int64_t s = 0; s < slots; ++s) {
+    ws.take(g.T * g.T, qkv.dtype());
     ws.take(g.T * g.T, qkv.dtype());
     take_gemms(ws, qkv.dtype(), backward_shapes(g));
   }

@@ -1,6 +1,6 @@
 // One softmax (or log-softmax) row of the CPU kernels, shared by the softmax kernel and the fused attention
 // (attention.cpp): the row max is subtracted before exponentiating (finite for any finite input), the sum accumulates
-// in double, a NaN anywhere makes the whole row NaN.
+// in double, a NaN anywhere makes the whole row NaN. Each returns the row's log-sum-exp (max + log sum).
 #pragma once
 
 #include <cmath>
@@ -15,7 +15,7 @@ namespace ember::kernels::cpu {
 
 // A contiguous f32 row: the max and the sum run in 8 independent lanes (sums in double) so they vectorise, e^(x - max)
 // is computed once with exp_vec (Note [Vectorisable float math]) and stored, then scaled in place.
-inline void softmax_row_f32(const float* x, float* y, int64_t n, bool log) {
+inline double softmax_row_f32(const float* x, float* y, int64_t n, bool log) {
   constexpr int64_t L = 8;
   float lane_max[L];
   int lane_nan[L] = {};
@@ -60,11 +60,12 @@ inline void softmax_row_f32(const float* x, float* y, int64_t n, bool log) {
     const float inv = static_cast<float>(1.0 / sum);
     for (int64_t j = 0; j < n; ++j) y[j] *= inv;
   }
+  return static_cast<double>(mx) + std::log(sum);
 }
 
 // One row: n elements at x (stride sx) into y (stride sy).
 template <class T>
-inline void softmax_row(const T* x, int64_t sx, T* y, int64_t sy, int64_t n, bool log) {
+inline double softmax_row(const T* x, int64_t sx, T* y, int64_t sy, int64_t n, bool log) {
   if constexpr (std::is_same_v<T, float>) {
     if (sx == 1 && sy == 1) return softmax_row_f32(x, y, n, log);
   }
@@ -86,6 +87,7 @@ inline void softmax_row(const T* x, int64_t sx, T* y, int64_t sy, int64_t n, boo
     const math_t inv = static_cast<math_t>(1.0 / sum);
     for (int64_t i = 0; i < n; ++i) y[i * sy] = T(std::exp(static_cast<math_t>(x[i * sx]) - mx) * inv);
   }
+  return static_cast<double>(mx) + std::log(sum);
 }
 
 }  // namespace ember::kernels::cpu
