@@ -11,6 +11,7 @@
 #include "ember/base/cuda_check.h"
 #include "ember/core/tensor.h"
 #include "ember/kernels/cuda/blas.h"
+#include "ember/kernels/cuda/block_reduce.cuh"
 #include "ember/kernels/cuda/device_info.h"
 #include "ember/kernels/cuda/stream.h"
 #include "ember/kernels/elementwise_math.h"
@@ -19,6 +20,13 @@
 namespace ember::kernels::cuda {
 namespace {
 
+using ::ember::cuda::block_all_reduce;
+using ::ember::cuda::kFullMask;
+using ::ember::cuda::kWarpSize;
+using ::ember::cuda::MaxOp;
+using ::ember::cuda::nan_max;
+using ::ember::cuda::SumOp;
+using ::ember::cuda::warp_all_reduce;
 using ::ember::cuda::DeviceGuard;
 using ::ember::cuda::MatrixRef;
 
@@ -51,8 +59,6 @@ constexpr int64_t kScratchBytes = int64_t{128} << 20;
 // score does the same on the CPU). Converting q and k to f32 first would avoid the rounding but cost f32 copies of
 // them and the f16/bf16 tensor-core rate of the largest products.
 
-constexpr int kWarpSize = 32;
-constexpr unsigned kFullMask = 0xffffffffu;
 constexpr int kRowThreads = 256;         // both paths: 8 rows per block on the warp path, 1 on the block path
 constexpr int64_t kWarpMaxCols = 1024;   // rows longer than this take a block each
 constexpr int64_t kRowBlocksPerSm = 32;  // grid cap: the grid-stride loops take the remaining rows
@@ -60,48 +66,7 @@ static_assert(kRowThreads % kWarpSize == 0 && kRowThreads / kWarpSize <= kWarpSi
 
 memory::StreamId stream_id(cudaStream_t s) { return static_cast<memory::StreamId>(reinterpret_cast<uintptr_t>(s)); }
 
-// ---- reductions -------------------------------------------------------------------------------------------------
-
-// max that propagates NaN from either side, as the CPU's has_nan flag does.
-template <class A>
-__device__ __forceinline__ A nan_max(A a, A b) {
-  return (a != a || a > b) ? a : b;
-}
-
-struct SumOp {
-  template <class A>
-  __device__ __forceinline__ A operator()(A a, A b) const {
-    return a + b;
-  }
-};
-struct MaxOp {
-  template <class A>
-  __device__ __forceinline__ A operator()(A a, A b) const {
-    return nan_max(a, b);
-  }
-};
-
-// Every lane of a fully active warp gets op over the 32 lanes' values.
-template <class A, class Op>
-__device__ __forceinline__ A warp_all_reduce(A v, Op op) {
-#pragma unroll
-  for (int offset = kWarpSize / 2; offset > 0; offset >>= 1) v = op(v, __shfl_xor_sync(kFullMask, v, offset));
-  return v;
-}
-
-// Every thread of the block gets op over all threads' values; called by every thread of the block. `slots` is
-// __shared__ [32]; the leading barrier keeps this call's writes from racing with the previous call's reads.
-template <class A, class Op>
-__device__ __forceinline__ A block_all_reduce(A v, Op op, A identity, A* slots) {
-  const int lane = static_cast<int>(threadIdx.x) % kWarpSize, warp = static_cast<int>(threadIdx.x) / kWarpSize;
-  const int warps = static_cast<int>(blockDim.x) / kWarpSize;
-  v = warp_all_reduce(v, op);
-  __syncthreads();
-  if (lane == 0) slots[warp] = v;
-  __syncthreads();
-  v = lane < warps ? slots[lane] : identity;
-  return warp_all_reduce(v, op);
-}
+// ---- reductions (block_reduce.cuh) -------------------------------------------------------------------------
 
 // The reduction over one row's group of threads: the whole block (block_per_row, uniform over the grid) or a warp.
 template <class A, class Op>

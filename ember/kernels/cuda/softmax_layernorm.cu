@@ -6,6 +6,7 @@
 
 #include "ember/base/cuda_check.h"
 #include "ember/kernels/convert.h"
+#include "ember/kernels/cuda/block_reduce.cuh"
 #include "ember/kernels/cuda/stream.h"
 #include "ember/kernels/cuda/tensor_iter.cuh"
 #include "ember/kernels/elementwise_math.h"
@@ -14,6 +15,13 @@
 namespace ember::kernels::cuda {
 namespace {
 
+using ::ember::cuda::block_all_reduce;
+using ::ember::cuda::kFullMask;
+using ::ember::cuda::kWarpSize;
+using ::ember::cuda::MaxOp;
+using ::ember::cuda::nan_max;
+using ::ember::cuda::SumOp;
+using ::ember::cuda::warp_all_reduce;
 using ::ember::cuda::device_properties;
 using ::ember::cuda::DeviceGuard;
 using ::ember::cuda::grid_for;
@@ -37,8 +45,6 @@ using ::ember::cuda::OffsetCalculator;
 // so full-mask shuffles always see 32 active lanes and every __syncthreads is reached by the whole block. The layer
 // norm warp kernel takes exactly one row per warp instead (a warp past the last row exits as a whole): inside a row
 // loop the compiler hoists the loop-invariant weight/bias loads out of it and runs out of registers.
-constexpr int kWarpSize = 32;
-constexpr unsigned kFullMask = 0xffffffffu;
 constexpr int kWarpPerLane = 32;
 constexpr int64_t kWarpMaxCols = kWarpSize * kWarpPerLane;  // 1024
 constexpr int kWarpThreads = 128;                           // 4 rows per block on the warp path
@@ -50,49 +56,7 @@ constexpr int64_t kColumnMaxShortRow = 32;
 static_assert(kWarpThreads % kWarpSize == 0 && kBlockThreads % kWarpSize == 0, "whole warps only");
 static_assert(kBlockThreads / kWarpSize <= kWarpSize, "block_reduce finishes in one warp");
 
-// ---- reductions -------------------------------------------------------------------------------------------------
-
-// max that propagates NaN from either side (a plain `a > b ? a : b` drops a NaN b), as the CPU's has_nan flag does.
-template <class A>
-__device__ __forceinline__ A nan_max(A a, A b) {
-  return (a != a || a > b) ? a : b;
-}
-
-struct SumOp {
-  template <class A>
-  __device__ __forceinline__ A operator()(A a, A b) const {
-    return a + b;
-  }
-};
-struct MaxOp {
-  template <class A>
-  __device__ __forceinline__ A operator()(A a, A b) const {
-    return nan_max(a, b);
-  }
-};
-
-// Every lane of a fully active warp gets op over the 32 lanes' values.
-template <class A, class Op>
-__device__ __forceinline__ A warp_all_reduce(A v, Op op) {
-  EMBER_UNROLL
-  for (int offset = kWarpSize / 2; offset > 0; offset >>= 1) v = op(v, __shfl_xor_sync(kFullMask, v, offset));
-  return v;
-}
-
-// Every thread of the block gets op over all threads' values. Called by all threads of the block (blockDim.x a
-// multiple of 32, at most 1024); `slots` is __shared__ [32]. The leading barrier keeps a call's writes from racing
-// with the previous call's reads of the slots.
-template <class A, class Op>
-__device__ __forceinline__ A block_all_reduce(A v, Op op, A identity, A* slots) {
-  const int lane = static_cast<int>(threadIdx.x) % kWarpSize, warp = static_cast<int>(threadIdx.x) / kWarpSize;
-  const int warps = static_cast<int>(blockDim.x) / kWarpSize;
-  v = warp_all_reduce(v, op);
-  __syncthreads();
-  if (lane == 0) slots[warp] = v;
-  __syncthreads();
-  v = lane < warps ? slots[lane] : identity;
-  return warp_all_reduce(v, op);
-}
+// ---- reductions (block_reduce.cuh) -------------------------------------------------------------------------
 
 template <class A>
 __device__ __forceinline__ A neg_inf() {
