@@ -25,35 +25,8 @@ using ::ember::cuda::ConvStrategy;
 
 size_t at(int64_t i) { return static_cast<size_t>(i); }
 
-Shape out_shape(const Shape& x, const Shape& w, const Conv2dParams& p) {
-  return {x[0], w[0], (x[2] + 2 * p.padding[0] - p.dilation[0] * (w[2] - 1) - 1) / p.stride[0] + 1,
-          (x[3] + 2 * p.padding[1] - p.dilation[1] * (w[3] - 1) - 1) / p.stride[1] + 1};
-}
-
-// f(out index, x index, w index) for every in-bounds product of the direct convolution
-// out[n, o, y, z] += x[n, g*cg + c, y*s - p + i*d, z*s - p + j*d] * w[o, c, i, j] (flat row-major indices).
-void for_each_term(const Shape& xs, const Shape& ws, const Conv2dParams& p,
-                   const std::function<void(size_t, size_t, size_t)>& f) {
-  const Shape os = out_shape(xs, ws, p);
-  const int64_t C = xs[1], H = xs[2], W = xs[3], O = ws[0], CG = ws[1], KH = ws[2], KW = ws[3];
-  const int64_t OG = O / p.groups, OH = os[2], OW = os[3];
-  for (int64_t n = 0; n < xs[0]; ++n)
-    for (int64_t o = 0; o < O; ++o)
-      for (int64_t y = 0; y < OH; ++y)
-        for (int64_t z = 0; z < OW; ++z)
-          for (int64_t c = 0; c < CG; ++c)
-            for (int64_t i = 0; i < KH; ++i)
-              for (int64_t j = 0; j < KW; ++j) {
-                const int64_t iy = y * p.stride[0] - p.padding[0] + i * p.dilation[0];
-                const int64_t ix = z * p.stride[1] - p.padding[1] + j * p.dilation[1];
-                if (iy < 0 || iy >= H || ix < 0 || ix >= W) continue;
-                f(at(((n * O + o) * OH + y) * OW + z), at(((n * C + (o / OG) * CG + c) * H + iy) * W + ix),
-                  at(((o * CG + c) * KH + i) * KW + j));
-              }
-}
-
 Tensor forward_ref(const Tensor& x, const Tensor& w, const Tensor& b, const Conv2dParams& p) {
-  const Shape os = out_shape(x.sizes(), w.sizes(), p);
+  const Shape os = conv_out_shape(x.sizes(), w.sizes(), p);
   const std::vector<double> xv = x.to_vector<double>(), wv = w.to_vector<double>();
   std::vector<double> out(at(numel_of(os)), 0.0);
   if (b.defined()) {
@@ -61,22 +34,8 @@ Tensor forward_ref(const Tensor& x, const Tensor& w, const Tensor& b, const Conv
     const int64_t plane = os[2] * os[3];
     for (size_t e = 0; e < out.size(); ++e) out[e] = bv[at((static_cast<int64_t>(e) / plane) % os[1])];
   }
-  for_each_term(x.sizes(), w.sizes(), p, [&](size_t oi, size_t xi, size_t wi) { out[oi] += xv[xi] * wv[wi]; });
+  for_each_conv_term(x.sizes(), w.sizes(), p, [&](size_t oi, size_t xi, size_t wi) { out[oi] += xv[xi] * wv[wi]; });
   return from_vector(out, os);
-}
-
-Tensor grad_x_ref(const Tensor& gout, const Tensor& w, const Shape& xs, const Conv2dParams& p) {
-  const std::vector<double> gv = gout.to_vector<double>(), wv = w.to_vector<double>();
-  std::vector<double> gx(at(numel_of(xs)), 0.0);
-  for_each_term(xs, w.sizes(), p, [&](size_t oi, size_t xi, size_t wi) { gx[xi] += gv[oi] * wv[wi]; });
-  return from_vector(gx, xs);
-}
-
-Tensor grad_w_ref(const Tensor& gout, const Tensor& x, const Shape& ws, const Conv2dParams& p) {
-  const std::vector<double> gv = gout.to_vector<double>(), xv = x.to_vector<double>();
-  std::vector<double> gw(at(numel_of(ws)), 0.0);
-  for_each_term(x.sizes(), ws, p, [&](size_t oi, size_t xi, size_t wi) { gw[wi] += gv[oi] * xv[xi]; });
-  return from_vector(gw, ws);
 }
 
 // Sums of up to a few hundred products accumulated in f32.
@@ -198,28 +157,28 @@ TEST_P(ConvCudaPathsTest, InputGradMatchesDirectLoops) {
       SCOPED_TRACE("config " + cfg.name);
       const Conv2dParams p = cfg.p;
       const Shape xs = cfg.x, ws = cfg.w;
-      OpCase c{"conv2d_backward_input", {rand_input(out_shape(xs, ws, p)), rand_input(ws)}, [xs, p](const Inputs& t) {
-                 return ops::conv2d_backward_input(t[0], t[1], xs, p);
-               }};
-      c.reference = [xs, p](const Inputs& t) { return grad_x_ref(t[0], t[1], xs, p); };
+      OpCase c{"conv2d_backward_input",
+               {rand_input(conv_out_shape(xs, ws, p)), rand_input(ws)},
+               [xs, p](const Inputs& t) { return ops::conv2d_backward_input(t[0], t[1], xs, p); }};
+      c.reference = [xs, p](const Inputs& t) { return conv_grad_x_ref(t[0], t[1], xs, p); };
       c.tolerance = conv_tolerance;
       c.dtypes = dtypes_for(path);
       check_op(c, device());
     }
     // grad_out strided on every dim, then broadcast (stride 0 over images and rows); weight permuted.
     const Conv2dParams p = conv_params(2, 2, 1, 1, 2, 2, 2);
-    const Shape xs{2, 4, 9, 8}, ws{6, 2, 3, 3}, os = out_shape(xs, ws, p);
+    const Shape xs{2, 4, 9, 8}, ws{6, 2, 3, 3}, os = conv_out_shape(xs, ws, p);
     OpCase c{"conv2d_backward_input", {noncontiguous_input(os), rand_input({6, 3, 3, 2})}, [xs, p](const Inputs& t) {
                return ops::conv2d_backward_input(t[0], t[1].permute({0, 3, 1, 2}), xs, p);
              }};
-    c.reference = [xs, p](const Inputs& t) { return grad_x_ref(t[0], t[1].permute({0, 3, 1, 2}), xs, p); };
+    c.reference = [xs, p](const Inputs& t) { return conv_grad_x_ref(t[0], t[1].permute({0, 3, 1, 2}), xs, p); };
     c.tolerance = conv_tolerance;
     c.dtypes = dtypes_for(path);
     check_op(c, device());
     OpCase b{"conv2d_backward_input", {rand_input({1, os[1], 1, os[3]}), rand_input(ws)}, [xs, p, os](const Inputs& t) {
                return ops::conv2d_backward_input(t[0].expand(os), t[1], xs, p);
              }};
-    b.reference = [xs, p, os](const Inputs& t) { return grad_x_ref(t[0].expand(os), t[1], xs, p); };
+    b.reference = [xs, p, os](const Inputs& t) { return conv_grad_x_ref(t[0].expand(os), t[1], xs, p); };
     b.tolerance = conv_tolerance;
     b.dtypes = dtypes_for(path);
     check_op(b, device());
@@ -235,28 +194,28 @@ TEST_P(ConvCudaPathsTest, WeightGradMatchesDirectLoops) {
       SCOPED_TRACE("config " + cfg.name);
       const Conv2dParams p = cfg.p;
       const Shape xs = cfg.x, ws = cfg.w;
-      OpCase c{"conv2d_backward_weight", {rand_input(out_shape(xs, ws, p)), rand_input(xs)}, [ws, p](const Inputs& t) {
-                 return ops::conv2d_backward_weight(t[0], t[1], ws, p);
-               }};
-      c.reference = [ws, p](const Inputs& t) { return grad_w_ref(t[0], t[1], ws, p); };
+      OpCase c{"conv2d_backward_weight",
+               {rand_input(conv_out_shape(xs, ws, p)), rand_input(xs)},
+               [ws, p](const Inputs& t) { return ops::conv2d_backward_weight(t[0], t[1], ws, p); }};
+      c.reference = [ws, p](const Inputs& t) { return conv_grad_w_ref(t[0], t[1], ws, p); };
       c.tolerance = conv_tolerance;
       c.dtypes = dtypes_for(path);
       check_op(c, device());
     }
     // grad_out strided on every dim, x transposed; then grad_out broadcast over images and rows.
     const Conv2dParams p = conv_params(2, 2, 1, 1, 2, 2, 2);
-    const Shape xs{2, 4, 9, 8}, ws{6, 2, 3, 3}, os = out_shape(xs, ws, p);
+    const Shape xs{2, 4, 9, 8}, ws{6, 2, 3, 3}, os = conv_out_shape(xs, ws, p);
     OpCase c{"conv2d_backward_weight", {noncontiguous_input(os), rand_input({2, 4, 8, 9})}, [ws, p](const Inputs& t) {
                return ops::conv2d_backward_weight(t[0], t[1].transpose(2, 3), ws, p);
              }};
-    c.reference = [ws, p](const Inputs& t) { return grad_w_ref(t[0], t[1].transpose(2, 3), ws, p); };
+    c.reference = [ws, p](const Inputs& t) { return conv_grad_w_ref(t[0], t[1].transpose(2, 3), ws, p); };
     c.tolerance = conv_tolerance;
     c.dtypes = dtypes_for(path);
     check_op(c, device());
     OpCase b{"conv2d_backward_weight",
              {rand_input({1, os[1], 1, os[3]}), rand_input(xs)},
              [ws, p, os](const Inputs& t) { return ops::conv2d_backward_weight(t[0].expand(os), t[1], ws, p); }};
-    b.reference = [ws, p, os](const Inputs& t) { return grad_w_ref(t[0].expand(os), t[1], ws, p); };
+    b.reference = [ws, p, os](const Inputs& t) { return conv_grad_w_ref(t[0].expand(os), t[1], ws, p); };
     b.tolerance = conv_tolerance;
     b.dtypes = dtypes_for(path);
     check_op(b, device());
