@@ -127,33 +127,11 @@ LayerNormResult layer_norm_with_stats(const Tensor& x, const Shape& normalized_s
     node->save(need_xhat ? r.mean : Tensor());                          // 2
     node->save(need_xhat ? r.rstd : Tensor());                          // 3
     const int64_t n = static_cast<int64_t>(normalized_shape.size());
-    const DType stats_dtype = r.mean.dtype();
-    node->formula = [n, stats_dtype](const BackwardContext& c, const TensorList& grads) -> TensorList {
-      const Tensor g = grads[0].to(stats_dtype);
-      const int64_t lead = g.dim() - n;
-      std::vector<int64_t> norm_dims, lead_dims;
-      for (int64_t d = 0; d < g.dim(); ++d) (d < lead ? lead_dims : norm_dims).push_back(d);
-      // Sum over the leading dims (none: g itself; ops::sum reads empty dims as "all").
-      auto sum_lead = [&](const Tensor& t) { return lead_dims.empty() ? t : ops::sum(t, lead_dims); };
-
-      Tensor xhat, rstd;
-      if (c.needs_grad(0) || c.needs_grad(1)) {
-        Shape stat_shape(g.sizes().begin(), g.sizes().begin() + lead);
-        stat_shape.resize(static_cast<size_t>(g.dim()), 1);
-        const Tensor mean = c.saved(2).reshape(stat_shape);
-        rstd = c.saved(3).reshape(stat_shape);
-        xhat = ops::mul(ops::sub(c.saved(0).to(stats_dtype), mean), rstd);
-      }
-      Tensor gx, gw, gb;
-      if (c.needs_grad(0)) {
-        const Tensor w = c.saved(1);
-        const Tensor dxhat = w.defined() ? ops::mul(g, w.to(stats_dtype)) : g;
-        const Tensor proj = ops::mul(xhat, ops::mean(ops::mul(dxhat, xhat), norm_dims, true));
-        gx = ops::mul(rstd, ops::sub(ops::sub(dxhat, ops::mean(dxhat, norm_dims, true)), proj));
-      }
-      if (c.needs_grad(1)) gw = sum_lead(ops::mul(g, xhat));
-      if (c.needs_grad(2)) gb = sum_lead(g);
-      return {gx, gw, gb};
+    // One fused kernel (Note [Fused layer-norm backward] in kernels/ops_norm.cpp).
+    node->formula = [n](const BackwardContext& c, const TensorList& grads) -> TensorList {
+      const LayerNormGrads d = ops::layer_norm_backward(grads[0], c.saved(0), c.saved(1), c.saved(2), c.saved(3), n,
+                                                       c.needs_grad(0), c.needs_grad(1), c.needs_grad(2));
+      return {d.x, d.weight, d.bias};
     };
     node->set_outputs({&r.out});  // mean and rstd stay statistics without history
   }

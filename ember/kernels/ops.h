@@ -16,6 +16,9 @@ enum class GeluApprox { None, Tanh };
 struct LayerNormResult {
   Tensor out, mean, rstd;  // mean/rstd: shape of x without the normalised dims
 };
+struct LayerNormGrads {
+  Tensor x, weight, bias;  // undefined where not asked for
+};
 struct AttentionResult {
   Tensor out, lse;  // out [B, T, C]; lse [B, H, T], each query row's log-sum-exp, which backward reads
 };
@@ -101,6 +104,14 @@ LayerNormResult layer_norm_with_stats(const Tensor& x, const Shape& normalized_s
                                       const Tensor& bias, double eps = 1e-5);
 Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& weight = Tensor(),
                   const Tensor& bias = Tensor(), double eps = 1e-5);
+// The gradients of layer_norm_with_stats (Note [Fused layer-norm backward] in ops_norm.cpp) from g, the gradient of
+// its output (x's sizes, the output's dtype), and what the forward had: x, weight (or undefined: no affine scale) and
+// the statistics mean/rstd. The last `normalized_dims` dims are the normalised ones. Returns the gradients of x (x's
+// dtype), weight and bias (the output's dtype, the normalised shape), each only where its need_* flag is set; x, mean
+// and rstd may be undefined when neither need_x nor need_weight is.
+LayerNormGrads layer_norm_backward(const Tensor& g, const Tensor& x, const Tensor& weight, const Tensor& mean,
+                                   const Tensor& rstd, int64_t normalized_dims, bool need_x, bool need_weight,
+                                   bool need_bias);
 
 // ---- fused attention ----------------------------------------------------------------------------------------------
 // Multi-head attention over the packed projection qkv [B, T, 3 C] of a GPT block (q, k, v side by side, n_head heads
@@ -164,6 +175,10 @@ Tensor avg_pool2d_backward(const Tensor& grad_out, const Shape& input_shape, con
 void sgd_step_(const Tensor& param, const Tensor& grad, const Tensor& momentum_buf, const SgdParams& p);
 void adam_step_(const Tensor& param, const Tensor& grad, const Tensor& exp_avg, const Tensor& exp_avg_sq,
                 const AdamParams& p);
+// adam_step_ for many parameters at once, with the same checks and the same result per entry (Note [Multi-tensor
+// Adam] in ops_optim.cpp): on a device with a multi-tensor kernel (CUDA), the entries of one dtype are updated in a
+// few launches; elsewhere one adam_step_ kernel per entry.
+void adam_step_multi_(const std::vector<AdamStepEntry>& entries);
 // The dtype optimizer state takes for a parameter of dtype `param_dtype`: f64 for f64, else f32.
 DType optimizer_state_dtype(DType param_dtype);
 

@@ -8,6 +8,7 @@ namespace ember {
 
 EMBER_DEFINE_STUB(softmax, SoftmaxFn);
 EMBER_DEFINE_STUB(layer_norm, LayerNormFn);
+EMBER_DEFINE_STUB(layer_norm_backward, LayerNormBackwardFn);
 
 namespace ops {
 
@@ -79,6 +80,70 @@ LayerNormResult layer_norm_with_stats(const Tensor& x, const Shape& normalized_s
 Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& weight, const Tensor& bias,
                   double eps) {
   return layer_norm_with_stats(x, normalized_shape, weight, bias, eps).out;
+}
+
+// Note [Fused layer-norm backward]
+// With xhat = (x - mean) * rstd and dxhat = g * weight (g where there is no weight), per row of n values:
+//   grad_x = rstd * (dxhat - mean_j(dxhat) - xhat * mean_j(dxhat * xhat)),
+// and over the rows: grad_weight = sum_rows(g * xhat), grad_bias = sum_rows(g). One kernel computes them from g, x
+// and the saved statistics, instead of the dozen broadcast ops (and their [rows, n] temporaries) of the composed
+// formula: the backward holds nothing but its outputs. The row sums and the column sums accumulate in double on the
+// CPU (op_math_t on CUDA, f32 for f32/f16/bf16), each in an order fixed by the sizes alone, so results do not depend
+// on the thread count. grad_x comes out in x's dtype, rounded once (the engine would cast it there anyway), and the
+// affine gradients in the output's dtype: f32 for the mixed form (Note [Mixed layer norm]).
+LayerNormGrads layer_norm_backward(const Tensor& g, const Tensor& x, const Tensor& weight, const Tensor& mean,
+                                   const Tensor& rstd, int64_t normalized_dims, bool need_x, bool need_weight,
+                                   bool need_bias) {
+  const char* op = "layer_norm_backward";
+  EMBER_CHECK(g.defined(), ValueError, op, ": the output's gradient is undefined");
+  const bool need_xhat = need_x || need_weight;
+  EMBER_CHECK(!need_xhat || (x.defined() && mean.defined() && rstd.defined()), ValueError, op,
+              ": the gradients of x and weight need x, mean and rstd");
+  EMBER_CHECK(!need_x || !weight.defined() || weight.dtype() == g.dtype(), DTypeError, op, ": weight ",
+              weight.description(), " and the output's gradient ", g.description(), " differ in dtype");
+  const Device device = common_device(op, {&g, need_xhat ? &x : nullptr, need_x ? &weight : nullptr,
+                                           need_xhat ? &mean : nullptr, need_xhat ? &rstd : nullptr});
+  check_floating(op, g);
+  const int64_t lead = g.dim() - normalized_dims;
+  EMBER_CHECK(normalized_dims >= 0 && lead >= 0, ShapeError, op, ": ", normalized_dims,
+              " normalised dims for a gradient ", g.description());
+  const Shape norm_shape(g.sizes().begin() + lead, g.sizes().end());
+  const int64_t rows = numel_of(Shape(g.sizes().begin(), g.sizes().begin() + lead)), cols = numel_of(norm_shape);
+  const DType out_dtype = g.dtype();
+  DType x_dtype = out_dtype;
+  if (need_xhat) {
+    EMBER_CHECK(x.sizes() == g.sizes(), ShapeError, op, ": input ", x.description(), " and gradient ", g.description(),
+                " differ in shape");
+    x_dtype = x.dtype();
+    const bool mixed = (x_dtype == DType::f16 || x_dtype == DType::bf16) && out_dtype == DType::f32;
+    EMBER_CHECK(out_dtype == x_dtype || mixed, DTypeError, op, ": gradient ", g.description(),
+                " must have the input's dtype or, for an f16/bf16 input, f32 (input ", x.description(), ")");
+    const DType stats_dtype = x_dtype == DType::f64 ? DType::f64 : DType::f32;
+    for (const Tensor* st : {&mean, &rstd}) {
+      EMBER_CHECK(st->dtype() == stats_dtype && st->numel() == rows, ShapeError, op, ": statistics ",
+                  st->description(), " must be ", dtype_name(stats_dtype), " with ", rows, " elements");
+    }
+  }
+  if (need_x && weight.defined())
+    EMBER_CHECK(weight.sizes() == norm_shape, ShapeError, op, ": weight ", weight.description(),
+                " must have the normalized shape ", shape_str(norm_shape));
+
+  LayerNormGrads r;
+  Tensor gx, gw, gb;  // the kernel's [rows, cols] / [cols] forms
+  if (need_x) gx = empty({rows, cols}, TensorOptions(x_dtype, device));
+  if (need_weight) gw = empty({cols}, TensorOptions(out_dtype, device));
+  if (need_bias) gb = empty({cols}, TensorOptions(out_dtype, device));
+  if ((need_xhat || need_bias) && cols > 0) {
+    // Reshaped on meta too: a copy of a strided input is memory a dry run must see (Note [Meta kernels] in stubs.h).
+    const Tensor x2 = need_xhat ? x.reshape({rows, cols}) : Tensor();
+    const Tensor w = need_x && weight.defined() ? weight.reshape({cols}) : Tensor();
+    const Tensor m = need_xhat ? mean.reshape({rows}) : Tensor(), k = need_xhat ? rstd.reshape({rows}) : Tensor();
+    run_kernel(layer_norm_backward_stub, device, g.reshape({rows, cols}), x2, w, m, k, gx, gw, gb);
+  }
+  if (need_x) r.x = gx.view(g.sizes());
+  if (need_weight) r.weight = gw.view(norm_shape);
+  if (need_bias) r.bias = gb.view(norm_shape);
+  return r;
 }
 
 }  // namespace ops

@@ -89,6 +89,15 @@ EMBER_DECLARE_STUB(softmax, SoftmaxFn);
 using LayerNormFn = void (*)(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps, const Tensor& out,
                              const Tensor& mean, const Tensor& rstd);
 EMBER_DECLARE_STUB(layer_norm, LayerNormFn);
+// Layer-norm backward over [rows, cols] views, in one kernel (Note [Fused layer-norm backward] in ops_norm.cpp): g is
+// the output's gradient (out's dtype P), x the input (T; undefined when grad_x and grad_weight are), weight [cols]
+// (P) or undefined, mean/rstd [rows] (S: f32, f64 for an f64 x) as the forward saved them. Writes whichever outputs
+// are defined: grad_x [rows, cols] (T), grad_weight and grad_bias [cols] (P), all contiguous; rows may be 0 (the
+// column sums are then 0).
+using LayerNormBackwardFn = void (*)(const Tensor& g, const Tensor& x, const Tensor& weight, const Tensor& mean,
+                                     const Tensor& rstd, const Tensor& grad_x, const Tensor& grad_weight,
+                                     const Tensor& grad_bias);
+EMBER_DECLARE_STUB(layer_norm_backward, LayerNormBackwardFn);
 
 // ---- embedding -----------------------------------------------------------------------------------------------
 // out[i, :] = weight[indices[i], :]; weight [V, D]; indices (i32/i64, flattened) [N]; out [N, D]. IndexError if out of range.
@@ -184,6 +193,14 @@ using AdamStepFn = void (*)(const Tensor& param, const Tensor& grad, const Tenso
                             const AdamParams& p);
 EMBER_DECLARE_STUB(sgd_step, SgdStepFn);
 EMBER_DECLARE_STUB(adam_step, AdamStepFn);
+// One Adam/AdamW update of many parameters in few launches (Note [Multi-tensor Adam] in ops_optim.cpp). Each entry
+// is one adam_step call's operands, laid out as adam_step's; all entries share a device and a param dtype.
+struct AdamStepEntry {
+  Tensor param, grad, exp_avg, exp_avg_sq;
+  AdamParams p;
+};
+using AdamStepMultiFn = void (*)(const std::vector<AdamStepEntry>& entries);
+EMBER_DECLARE_STUB(adam_step_multi, AdamStepMultiFn);
 
 // ---- mixed precision ---------------------------------------------------------------------------------------------
 // outs[i] = grads[i] * inv_scale (outs[i] may be grads[i]); found_inf = 1 when a result is not finite. Every tensor

@@ -91,6 +91,14 @@ TEST(ParallelKernels, ElementwiseSoftmaxLayerNormAndDropout) {
   expect_thread_count_invariant("layer norm", [&] {
     return std::vector<Tensor>{ops::layer_norm(x, {1000}, w, bias), ops::layer_norm(xt, {1000})};
   });
+  const Tensor g = rand_input({300, 1000}).to(DType::f32);
+  const LayerNormResult f = ops::layer_norm_with_stats(x, {1000}, w, bias), ft = ops::layer_norm_with_stats(xt, {1000},
+                                                                                                           w, bias);
+  expect_thread_count_invariant("layer norm backward (contiguous and strided x)", [&] {
+    const LayerNormGrads a = ops::layer_norm_backward(g, x, w, f.mean, f.rstd, 1, true, true, true);
+    const LayerNormGrads b = ops::layer_norm_backward(g, xt, w, ft.mean, ft.rstd, 1, true, true, true);
+    return std::vector<Tensor>{a.x, a.weight, a.bias, b.x, b.weight, b.bias};
+  });
   expect_thread_count_invariant("dropout", [&] {
     manual_seed(7);
     return std::vector<Tensor>{ops::dropout(x, 0.3)};
