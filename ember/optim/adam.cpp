@@ -1,4 +1,4 @@
-// Adam / AdamW: option validation and the per-parameter step through ops::adam_step_.
+// Adam / AdamW: option validation and the step through ops::adam_step_multi_ (one launch for many parameters on CUDA).
 // Invariant: a parameter's step count and new moment tensors join its state only after the kernel has run, and every
 // new state tensor exists before any parameter is updated (Note [All-or-nothing step]).
 #include "ember/optim/adam.h"
@@ -100,10 +100,19 @@ void Adam::step() {
       pending.push_back(std::move(w));
     }
   }
+  // Contiguous parameters with gradients of their own dtype and layout (what backward produces) are updated together
+  // (Note [Multi-tensor Adam] in kernels/ops_optim.cpp); any other goes through a contiguous copy, one at a time.
+  std::vector<AdamStepEntry> together;
+  for (const Pending& w : pending) {
+    if (w.param.is_contiguous() && w.grad.is_contiguous() && w.grad.dtype() == w.param.dtype())
+      together.push_back({w.param, w.grad, w.exp_avg, w.exp_avg_sq, w.ap});
+    else
+      update_contiguous(w.param, w.grad, [&](const Tensor& pc, const Tensor& gc) {
+        ops::adam_step_(pc, gc, w.exp_avg, w.exp_avg_sq, w.ap);
+      });
+  }
+  ops::adam_step_multi_(together);
   for (Pending& w : pending) {
-    update_contiguous(w.param, w.grad, [&](const Tensor& pc, const Tensor& gc) {
-      ops::adam_step_(pc, gc, w.exp_avg, w.exp_avg_sq, w.ap);
-    });
     w.step_t.fill_(static_cast<double>(w.ap.step));
     if (w.fresh) {
       ParamState& s = mutable_state(w.param);

@@ -302,6 +302,33 @@ TEST_P(ElementwiseTest, UnaryMatchesReference) {
   }
 }
 
+// The CUDA kernels' dense path (Note [Dense elementwise path] in ember/kernels/cuda/elementwise.cu): lengths around
+// the 16-byte pack (1 to 17 elements and one long odd length: whole packs plus a tail for every dtype), a repeated
+// (broadcast scalar) operand beside a dense one, and a contiguous view at an element offset (not 16-byte aligned),
+// which takes the strided kernels. On the CPU the same cases run through its own paths.
+TEST_P(ElementwiseTest, DensePathPacksTailsAndUnalignedViews) {
+  EMBER_REQUIRE_KERNEL(binary_stub);
+  const BinarySpec add_spec = binary_specs()[0], mul_spec = binary_specs()[2];
+  const View offset = [](const Tensor& t) { return t.slice(0, 1, t.size(0)); };
+  for (int64_t n : {1, 2, 3, 5, 7, 8, 9, 15, 16, 17, 4099}) {
+    check_binary(add_spec, rand_input({n}), rand_input({n}), device());
+    check_binary(mul_spec, rand_input({n}), rand_input({}), device());  // repeated b
+    check_binary(mul_spec, rand_input({1}).expand({n}), rand_input({n}), device());
+    check_binary(add_spec, rand_input({n + 1}), rand_input({n + 1}), device(), offset, offset);
+    for (const UnarySpec& s : {unary_specs()[0], unary_specs()[1]}) {
+      SCOPED_TRACE(std::string(s.name) + " on " + std::to_string(n));
+      OpCase c{s.name, {rand_input({n + 1}, s.lo, s.hi)}, [f = s.fn](const Inputs& in) { return f(in[0]); }};
+      c.reference = ref_unary(s.ref);
+      check_op(c, device());
+      OpCase u{s.name, {rand_input({n + 1}, s.lo, s.hi)}, [f = s.fn, offset](const Inputs& in) {
+                 return f(offset(in[0]));
+               }};
+      u.reference = [r = ref_unary(s.ref), offset](const Inputs& in) { return r({offset(in[0])}); };
+      check_op(u, device());
+    }
+  }
+}
+
 TEST_P(ElementwiseTest, ScalarOperandsMatchReference) {
   EMBER_REQUIRE_KERNEL(binary_stub);
   struct ScalarSpec {

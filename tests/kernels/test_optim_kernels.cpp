@@ -140,6 +140,42 @@ TEST_P(OptimKernelTest, AdamFirstStepIsSignStep) {
   EXPECT_TRUE(allclose(v, from_vector<double>({0.00025, 0.0000625, 0.001}, {3}), {1e-12, 1e-18}));
 }
 
+// adam_step_multi_ (Note [Multi-tensor Adam] in ember/kernels/ops_optim.cpp): 60 entries (more than one launch's
+// table on CUDA) of mixed sizes, empty ones among them, with per-entry learning rates and step counts, and two dtypes
+// in one call: every entry ends bitwise equal to its own adam_step_ on copies of the same operands.
+TEST_P(OptimKernelTest, MultiTensorAdamEqualsOneStepPerTensor) {
+  EMBER_REQUIRE_KERNEL(adam_step_stub);
+  std::vector<AdamStepEntry> multi, single;
+  for (int i = 0; i < 60; ++i) {
+    const DType dt = i % 7 == 3 ? DType::f64 : (i % 5 == 1 ? DType::bf16 : DType::f32);
+    const Shape shape{i % 11 == 0 ? 0 : (i * 37) % 1500 + 1};
+    const AdamParams o{1e-3 * (1 + i % 3), 0.9, 0.999, 1e-8, 0.01 * (i % 2), i % 4 != 0, 1 + i % 5};
+    const Tensor p64 = rand_input(shape), g64 = rand_input(shape), m64 = rand_input(shape, -0.1, 0.1);
+    const Tensor v64 = rand_input(shape, 0.0, 0.1);
+    auto entry = [&] {
+      return AdamStepEntry{p64.to(device(), dt), g64.to(device(), dt), m64.to(device(), state_dtype(dt)),
+                           v64.to(device(), state_dtype(dt)), o};
+    };
+    multi.push_back(entry());
+    single.push_back(entry());
+  }
+  ops::adam_step_multi_(multi);
+  for (const AdamStepEntry& e : single) ops::adam_step_(e.param, e.grad, e.exp_avg, e.exp_avg_sq, e.p);
+  for (size_t i = 0; i < multi.size(); ++i) {
+    SCOPED_TRACE(i);
+    EXPECT_TRUE(allclose(multi[i].param, single[i].param, {0.0, 0.0}));
+    EXPECT_TRUE(allclose(multi[i].exp_avg, single[i].exp_avg, {0.0, 0.0}));
+    EXPECT_TRUE(allclose(multi[i].exp_avg_sq, single[i].exp_avg_sq, {0.0, 0.0}));
+  }
+  // A bad entry is found before any entry is updated.
+  const TensorOptions f32(DType::f32, device());
+  const Tensor p = ones({4}, f32);
+  std::vector<AdamStepEntry> bad = {{p, ones({4}, f32), zeros({4}, f32), zeros({4}, f32), AdamParams{}},
+                                    {ones({3}, f32), ones({3}, f32), zeros({2}, f32), zeros({3}, f32), AdamParams{}}};
+  EXPECT_THROW(ops::adam_step_multi_(bad), ShapeError);
+  EXPECT_TRUE(allclose(p, ones({4}, DType::f64), {0.0, 0.0}));
+}
+
 TEST_P(OptimKernelTest, EmptyTensorsAreANoOp) {
   EMBER_REQUIRE_KERNEL(adam_step_stub);
   const TensorOptions f32(DType::f32, device());

@@ -3,6 +3,7 @@
 // §3): __global__ kernel, launcher (grid math on the current stream), entry point (dtype/shape/device checks).
 // Invariant: one kernel instantiation per dtype; the op is a runtime argument; f16/bf16 load into op_math_t (float),
 // compute with the element math the CPU reference uses (elementwise_math.h), and round once when stored.
+#include <cstdint>
 #include <type_traits>
 
 #include "ember/base/cuda_check.h"
@@ -92,13 +93,146 @@ __global__ void unary_backward_kernel(UnaryOp op, double p0, double p1, const T*
   }
 }
 
+// Note [Dense elementwise path]
+// When the output is contiguous and every input is either contiguous (same layout as the output) or one value
+// repeated (all strides 0: a broadcast scalar), the floating binary, unary and unary-backward ops take a dense path:
+// each thread handles packs of 16 bytes (4 f32, 2 f64, 8 f16/bf16) with one 128-bit load per dense input and one
+// 128-bit store, and the last n % pack elements one by one; a repeated input is loaded once per thread. The offset
+// calculator's per-element index math is gone too. Pointers must be 16-byte aligned (the caching allocator's blocks
+// are; a view at an odd storage offset takes the strided kernels). Results equal the strided kernels' exactly: the
+// same element math per element.
+template <class T>
+struct alignas(16) Pack {
+  static constexpr int kSize = 16 / static_cast<int>(sizeof(T));
+  T v[kSize];
+};
+
+// An input of the dense path: a contiguous array of T, or one value repeated (stored as T, or as op_math_t<T> when
+// `is_acc`: Note [Scalar operands] in ops_elementwise.cpp).
+struct DenseOperand {
+  const void* p;
+  bool repeated;
+  bool is_acc;
+};
+
+// The repeated value of an input (0 for a dense one; not read then).
+template <class T>
+__device__ __forceinline__ op_math_t<T> repeated_value(const DenseOperand& o) {
+  return o.repeated ? load_operand<T>(o.p, o.is_acc, 0) : op_math_t<T>(0);
+}
+
+// Element k of pack x of a dense input, or its repeated value r.
+template <class T>
+__device__ __forceinline__ op_math_t<T> pick(const DenseOperand& o, const Pack<T>& x, int k, op_math_t<T> r) {
+  return o.repeated ? r : static_cast<op_math_t<T>>(x.v[k]);
+}
+
+// Element i of an input, for the tail.
+template <class T>
+__device__ __forceinline__ op_math_t<T> element(const DenseOperand& o, int64_t i, op_math_t<T> r) {
+  return o.repeated ? r : static_cast<op_math_t<T>>(static_cast<const T*>(o.p)[i]);
+}
+
+// Pack i of a dense input (zeros for a repeated one, whose pack is not read).
+template <class T>
+__device__ __forceinline__ Pack<T> load_pack(const DenseOperand& o, int64_t i) {
+  if (o.repeated) return Pack<T>{};
+  return static_cast<const Pack<T>*>(o.p)[i];
+}
+
+template <class T>
+__global__ void binary_dense_kernel(BinaryOp op, DenseOperand a, DenseOperand b, T* out, int64_t n) {
+  using acc_t = op_math_t<T>;
+  constexpr int V = Pack<T>::kSize;
+  const acc_t ra = repeated_value<T>(a), rb = repeated_value<T>(b);
+  const int64_t packs = n / V;
+  for (int64_t i = grid_stride_begin(); i < packs; i += grid_stride_step()) {
+    const Pack<T> x = load_pack<T>(a, i), y = load_pack<T>(b, i);
+    Pack<T> r;
+    EMBER_UNROLL
+    for (int k = 0; k < V; ++k) r.v[k] = T(binary_fn<acc_t>(op, pick<T>(a, x, k, ra), pick<T>(b, y, k, rb)));
+    reinterpret_cast<Pack<T>*>(out)[i] = r;
+  }
+  for (int64_t i = packs * V + grid_stride_begin(); i < n; i += grid_stride_step())
+    out[i] = T(binary_fn<acc_t>(op, element<T>(a, i, ra), element<T>(b, i, rb)));
+}
+
+template <class T>
+__global__ void unary_dense_kernel(UnaryOp op, double p0, double p1, const T* in, T* out, int64_t n) {
+  using acc_t = op_math_t<T>;
+  constexpr int V = Pack<T>::kSize;
+  const int64_t packs = n / V;
+  for (int64_t i = grid_stride_begin(); i < packs; i += grid_stride_step()) {
+    const Pack<T> x = reinterpret_cast<const Pack<T>*>(in)[i];
+    Pack<T> r;
+    EMBER_UNROLL
+    for (int k = 0; k < V; ++k) r.v[k] = T(unary_fn<acc_t>(op, static_cast<acc_t>(x.v[k]), p0, p1));
+    reinterpret_cast<Pack<T>*>(out)[i] = r;
+  }
+  for (int64_t i = packs * V + grid_stride_begin(); i < n; i += grid_stride_step())
+    out[i] = T(unary_fn<acc_t>(op, static_cast<acc_t>(in[i]), p0, p1));
+}
+
+template <class T>
+__global__ void unary_backward_dense_kernel(UnaryOp op, double p0, double p1, const T* grad, const T* saved, T* out,
+                                            int64_t n) {
+  using acc_t = op_math_t<T>;
+  constexpr int V = Pack<T>::kSize;
+  const int64_t packs = n / V;
+  for (int64_t i = grid_stride_begin(); i < packs; i += grid_stride_step()) {
+    const Pack<T> g = reinterpret_cast<const Pack<T>*>(grad)[i], s = reinterpret_cast<const Pack<T>*>(saved)[i];
+    Pack<T> r;
+    EMBER_UNROLL
+    for (int k = 0; k < V; ++k)
+      r.v[k] = T(unary_backward_fn<acc_t>(op, static_cast<acc_t>(g.v[k]), static_cast<acc_t>(s.v[k]), p0, p1));
+    reinterpret_cast<Pack<T>*>(out)[i] = r;
+  }
+  for (int64_t i = packs * V + grid_stride_begin(); i < n; i += grid_stride_step())
+    out[i] = T(unary_backward_fn<acc_t>(op, static_cast<acc_t>(grad[i]), static_cast<acc_t>(saved[i]), p0, p1));
+}
+
 // ---- launchers --------------------------------------------------------------------------------------------------
+
+bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+// Whether t is one value repeated: every dim of more than one element has stride 0.
+bool is_repeated(const Tensor& t) {
+  for (int64_t d = 0; d < t.dim(); ++d)
+    if (t.size(d) > 1 && t.stride(d) != 0) return false;
+  return true;
+}
+
+// Whether t can be a dense input or output of the dense path: contiguous, 16-byte aligned.
+bool is_dense(const Tensor& t) { return t.is_contiguous() && aligned16(t.raw_data()); }
+
+// Blocks for the dense path: one thread per pack (at least one block).
+template <class T>
+unsigned int dense_grid(int64_t n, int device) {
+  return grid_for(n / Pack<T>::kSize, device);
+}
 
 template <class T>
 void launch_binary(BinaryOp op, const Tensor& a, const Tensor& b, const Tensor& out, cudaStream_t stream) {
   const int64_t n = out.numel();
-  const auto calc = make_offset_calculator<3>({&out, &a, &b}, binary_op_name(op));
   const DType dt = dtype_of_v<T>;  // operands of another dtype hold op_math_t<T> (checked by binary_cuda)
+  if constexpr (std::is_floating_point_v<T> || detail::is_half_v<T>) {
+    // Note [Dense elementwise path]: arithmetic (not comparisons, which write bool) over dense or repeated inputs.
+    const bool a_acc = a.dtype() != dt, b_acc = b.dtype() != dt;
+    auto operand = [](const Tensor& t, bool acc, bool* ok) {
+      const bool repeated = is_repeated(t);
+      *ok = *ok && (repeated || (!acc && is_dense(t)));
+      return DenseOperand{t.raw_data(), repeated, acc};
+    };
+    bool ok = !is_comparison(op) && is_dense(out);
+    const DenseOperand da = operand(a, a_acc, &ok), db = operand(b, b_acc, &ok);
+    if (ok) {
+      binary_dense_kernel<T><<<dense_grid<T>(n, out.device().index), kElementwiseThreads, 0, stream>>>(
+          op, da, db, static_cast<T*>(out.raw_data()), n);
+      EMBER_CUDA_LAUNCH_CHECK();
+      return;
+    }
+  }
+  const auto calc = make_offset_calculator<3>({&out, &a, &b}, binary_op_name(op));
   binary_kernel<T><<<grid_for(n, out.device().index), kElementwiseThreads, 0, stream>>>(
       op, is_comparison(op), a.raw_data(), a.dtype() != dt, b.raw_data(), b.dtype() != dt, out.raw_data(), n, calc);
   EMBER_CUDA_LAUNCH_CHECK();
@@ -107,6 +241,12 @@ void launch_binary(BinaryOp op, const Tensor& a, const Tensor& b, const Tensor& 
 template <class T>
 void launch_unary_float(UnaryOp op, UnaryParams p, const Tensor& in, const Tensor& out, cudaStream_t stream) {
   const int64_t n = out.numel();
+  if (is_dense(in) && is_dense(out)) {  // Note [Dense elementwise path]
+    unary_dense_kernel<T><<<dense_grid<T>(n, out.device().index), kElementwiseThreads, 0, stream>>>(
+        op, p.p0, p.p1, static_cast<const T*>(in.raw_data()), static_cast<T*>(out.raw_data()), n);
+    EMBER_CUDA_LAUNCH_CHECK();
+    return;
+  }
   const auto calc = make_offset_calculator<2>({&out, &in}, unary_op_name(op));
   unary_float_kernel<T><<<grid_for(n, out.device().index), kElementwiseThreads, 0, stream>>>(
       op, p.p0, p.p1, static_cast<const T*>(in.raw_data()), static_cast<T*>(out.raw_data()), n, calc);
@@ -138,6 +278,13 @@ template <class T>
 void launch_unary_backward(UnaryOp op, UnaryParams p, const Tensor& grad, const Tensor& saved, const Tensor& out,
                            cudaStream_t stream) {
   const int64_t n = out.numel();
+  if (is_dense(grad) && is_dense(saved) && is_dense(out)) {  // Note [Dense elementwise path]
+    unary_backward_dense_kernel<T><<<dense_grid<T>(n, out.device().index), kElementwiseThreads, 0, stream>>>(
+        op, p.p0, p.p1, static_cast<const T*>(grad.raw_data()), static_cast<const T*>(saved.raw_data()),
+        static_cast<T*>(out.raw_data()), n);
+    EMBER_CUDA_LAUNCH_CHECK();
+    return;
+  }
   const auto calc = make_offset_calculator<3>({&out, &grad, &saved}, unary_op_name(op));
   unary_backward_kernel<T><<<grid_for(n, out.device().index), kElementwiseThreads, 0, stream>>>(
       op, p.p0, p.p1, static_cast<const T*>(grad.raw_data()), static_cast<const T*>(saved.raw_data()),

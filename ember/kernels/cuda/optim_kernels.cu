@@ -1,9 +1,11 @@
-// CUDA kernels of the fused optimizer updates (sgd_step, adam_step), registered for their stubs: one grid-stride
-// pass over the contiguous parameter, its gradient and its state, each element updated with the math of
+// CUDA kernels of the fused optimizer updates (sgd_step, adam_step, adam_step_multi), registered for their stubs: one
+// grid-stride pass over the contiguous parameter(s), gradient(s) and state, each element updated with the math of
 // kernels/optim_math.h that the CPU kernel runs, so both devices take the same steps (up to FMA contraction).
 // Invariant: every element is read once and written once; the coefficients are computed on the host, once per call.
+#include <algorithm>
 #include <initializer_list>
 #include <type_traits>
+#include <vector>
 
 #include "ember/base/cuda_check.h"
 #include "ember/kernels/cuda/stream.h"
@@ -50,6 +52,38 @@ __global__ void adam_kernel(T* __restrict__ p, const T* __restrict__ g, state_t<
   }
 }
 
+// Multi-tensor Adam (Note [Multi-tensor Adam] in ops_optim.cpp): blockIdx.y picks the table entry, blocks along x
+// stride over its elements. Entries of one launch share T; each carries its own coefficients.
+constexpr int kMultiEntries = 24;  // per launch: the table (~2 KiB) stays well inside the 4 KiB kernel-parameter space
+constexpr int kMultiMaxBlocksPerEntry = 64;
+
+template <class T>
+struct AdamTable {
+  T* p[kMultiEntries];
+  const T* g[kMultiEntries];
+  state_t<T>* m[kMultiEntries];
+  state_t<T>* v[kMultiEntries];
+  int64_t n[kMultiEntries];
+  AdamCoeffs<op_math_t<T>> c[kMultiEntries];
+};
+
+template <class T>
+__global__ void adam_multi_kernel(const __grid_constant__ AdamTable<T> t) {
+  using M = op_math_t<T>;
+  const int e = static_cast<int>(blockIdx.y);
+  T* __restrict__ p = t.p[e];
+  const T* __restrict__ g = t.g[e];
+  state_t<T>* __restrict__ m = t.m[e];
+  state_t<T>* __restrict__ v = t.v[e];
+  const AdamCoeffs<M> c = t.c[e];
+  for (int64_t i = grid_stride_begin(); i < t.n[e]; i += grid_stride_step()) {
+    M mi = static_cast<M>(m[i]), vi = static_cast<M>(v[i]);
+    p[i] = T(adam_update<M>(static_cast<M>(p[i]), static_cast<M>(g[i]), mi, vi, c));
+    m[i] = static_cast<state_t<T>>(mi);
+    v[i] = static_cast<state_t<T>>(vi);
+  }
+}
+
 // ---- launchers --------------------------------------------------------------------------------------------------
 
 template <class T>
@@ -74,6 +108,32 @@ void launch_adam(const Tensor& param, const Tensor& grad, const Tensor& exp_avg,
       static_cast<state_t<T>*>(exp_avg.raw_data()), static_cast<state_t<T>*>(exp_avg_sq.raw_data()), n,
       adam_coeffs<M>(params));
   EMBER_CUDA_LAUNCH_CHECK();
+}
+
+// Launches over entries [0, entries.size()) in tables of kMultiEntries, each entry's blocks sized by its numel.
+template <class T>
+void launch_adam_multi(const std::vector<AdamStepEntry>& entries, cudaStream_t stream) {
+  using M = op_math_t<T>;
+  for (size_t first = 0; first < entries.size(); first += kMultiEntries) {
+    const size_t count = std::min<size_t>(kMultiEntries, entries.size() - first);
+    AdamTable<T> t{};
+    int64_t most = 0;
+    for (size_t k = 0; k < count; ++k) {
+      const AdamStepEntry& e = entries[first + k];
+      t.p[k] = static_cast<T*>(e.param.raw_data());
+      t.g[k] = static_cast<const T*>(e.grad.raw_data());
+      t.m[k] = static_cast<state_t<T>*>(e.exp_avg.raw_data());
+      t.v[k] = static_cast<state_t<T>*>(e.exp_avg_sq.raw_data());
+      t.n[k] = e.param.numel();
+      t.c[k] = adam_coeffs<M>(e.p);
+      most = std::max(most, t.n[k]);
+    }
+    const int64_t blocks = std::min<int64_t>(kMultiMaxBlocksPerEntry, (most + kElementwiseThreads - 1) /
+                                                                         kElementwiseThreads);
+    const dim3 grid(static_cast<unsigned int>(std::max<int64_t>(blocks, 1)), static_cast<unsigned int>(count));
+    adam_multi_kernel<T><<<grid, kElementwiseThreads, 0, stream>>>(t);
+    EMBER_CUDA_LAUNCH_CHECK();
+  }
 }
 
 // ---- entry points -----------------------------------------------------------------------------------------------
@@ -122,9 +182,24 @@ void adam_step_cuda(const Tensor& param, const Tensor& grad, const Tensor& exp_a
                        [&] { launch_adam<scalar_t>(param, grad, exp_avg, exp_avg_sq, p, stream); });
 }
 
+void adam_step_multi_cuda(const std::vector<AdamStepEntry>& entries) {
+  if (entries.empty()) return;
+  const Device device = entries.front().param.device();
+  const DType dtype = entries.front().param.dtype();
+  for (const AdamStepEntry& e : entries) {
+    check_operands("adam_step_multi_", e.param, e.grad, {&e.exp_avg, &e.exp_avg_sq});
+    EMBER_CHECK(e.param.device() == device && e.param.dtype() == dtype, DTypeError, "adam_step_multi_: entries ",
+                entries.front().param.description(), " and ", e.param.description(), " differ in device or dtype");
+  }
+  DeviceGuard guard(device.index);
+  const cudaStream_t stream = ::ember::cuda::current_stream(device.index).get();
+  EMBER_DISPATCH_FLOAT(dtype, "adam_step_multi_", [&] { launch_adam_multi<scalar_t>(entries, stream); });
+}
+
 }  // namespace
 
 EMBER_REGISTER_KERNEL(sgd_step, DeviceType::CUDA, sgd_step_cuda);
 EMBER_REGISTER_KERNEL(adam_step, DeviceType::CUDA, adam_step_cuda);
+EMBER_REGISTER_KERNEL(adam_step_multi, DeviceType::CUDA, adam_step_multi_cuda);
 
 }  // namespace ember::kernels::cuda
