@@ -33,6 +33,21 @@ void softmax_kernel(const Tensor& in, const Tensor& out, int64_t dim, bool log) 
   EMBER_DISPATCH_FLOAT(in.dtype(), "softmax", [&] { softmax_typed<scalar_t>(in, out, dim, log); });
 }
 
+constexpr int kLanes = 8;
+
+// sum_{j < n} f(j) in kLanes interleaved double accumulators, added in lane order at the end.
+template <class F>
+double lane_sum(int64_t n, F&& f) {
+  double acc[kLanes] = {};
+  int64_t j = 0;
+  for (; j + kLanes <= n; j += kLanes)
+    for (int l = 0; l < kLanes; ++l) acc[l] += f(j + l);
+  for (int l = 0; j < n; ++j, ++l) acc[l] += f(j);
+  double total = 0.0;
+  for (int l = 0; l < kLanes; ++l) total += acc[l];
+  return total;
+}
+
 // T: x's element type; P: weight, bias and out (T itself, or float for the mixed f16/bf16-in, f32-out form);
 // S: the statistics.
 template <class T, class P, class S>
@@ -47,30 +62,37 @@ void layer_norm_typed(const Tensor& x, const Tensor& weight, const Tensor& bias,
   P* po = static_cast<P*>(out.raw_data());
   S* pm = static_cast<S*>(mean.raw_data());
   S* pr = static_cast<S*>(rstd.raw_data());
-  // Rows are independent: they are split over the CPU threads, each computed as serially.
+  // Rows are independent: they are split over the CPU threads, each computed as serially. The two row sums run in
+  // kLanes interleaved double accumulators (element j in lane j % kLanes, lanes added in order), so they vectorise
+  // and stay independent of the thread count.
   const int64_t grain = std::max<int64_t>(1, kElementGrain / std::max<int64_t>(cols, 1));
+  // One row; `stride` is x's column stride, a compile-time 1 for rows with unit stride (the loops then vectorise).
+  auto row_norm = [&](int64_t r, auto stride) {
+    const T* row = px + r * rs;
+    auto value = [&](int64_t j) { return static_cast<double>(static_cast<math_t>(row[j * stride])); };
+    const double mu = lane_sum(cols, value) / static_cast<double>(cols);
+    const double ss = lane_sum(cols, [&](int64_t j) {
+      const double d = value(j) - mu;
+      return d * d;
+    });
+    const double inv = 1.0 / std::sqrt(ss / static_cast<double>(cols) + eps);
+    pm[r] = static_cast<S>(mu);
+    pr[r] = static_cast<S>(inv);
+    const math_t m = static_cast<math_t>(mu), k = static_cast<math_t>(inv);
+    P* y = po + r * cols;
+    for (int64_t j = 0; j < cols; ++j) {
+      math_t v = (static_cast<math_t>(row[j * stride]) - m) * k;
+      if (pw) v *= static_cast<math_t>(pw[j * ws]);
+      if (pb) v += static_cast<math_t>(pb[j * bs]);
+      y[j] = P(v);
+    }
+  };
   parallel::parallel_for(rows, grain, [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) {
-      const T* row = px + r * rs;
-      double s = 0.0;
-      for (int64_t j = 0; j < cols; ++j) s += static_cast<double>(static_cast<math_t>(row[j * cs]));
-      const double mu = s / static_cast<double>(cols);
-      double ss = 0.0;
-      for (int64_t j = 0; j < cols; ++j) {
-        const double d = static_cast<double>(static_cast<math_t>(row[j * cs])) - mu;
-        ss += d * d;
-      }
-      const double inv = 1.0 / std::sqrt(ss / static_cast<double>(cols) + eps);
-      pm[r] = static_cast<S>(mu);
-      pr[r] = static_cast<S>(inv);
-      const math_t m = static_cast<math_t>(mu), k = static_cast<math_t>(inv);
-      P* y = po + r * cols;
-      for (int64_t j = 0; j < cols; ++j) {
-        math_t v = (static_cast<math_t>(row[j * cs]) - m) * k;
-        if (pw) v *= static_cast<math_t>(pw[j * ws]);
-        if (pb) v += static_cast<math_t>(pb[j * bs]);
-        y[j] = P(v);
-      }
+      if (cs == 1)
+        row_norm(r, std::integral_constant<int64_t, 1>{});
+      else
+        row_norm(r, cs);
     }
   });
 }
