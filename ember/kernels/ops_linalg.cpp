@@ -23,7 +23,7 @@ void check_operands(const char* op, const Tensor& a, const Tensor& b) {
 // a [B, M, K] x b [B, K, N] -> fresh contiguous [B, M, N]; shapes already checked.
 Tensor run_bmm(const Tensor& a, const Tensor& b) {
   Tensor out = empty({a.size(0), a.size(1), b.size(2)}, TensorOptions(a.dtype(), a.device()));
-  if (out.numel() > 0) run_kernel(bmm_stub, a.device(), a, b, out);  // Note [Meta kernels]: workspace on meta
+  if (out.numel() > 0) run_kernel(bmm_stub, a.device(), a, b, out, false);  // Note [Meta kernels]: workspace on meta
   return out;
 }
 
@@ -91,8 +91,23 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
     EMBER_CHECK(bias.dtype() == x.dtype(), DTypeError, "linear: bias dtype must match the input, got ",
                 bias.description(), " and ", x.description());
   }
-  Tensor y = matmul(x, weight.t());
-  return bias.defined() ? add(y, bias) : y;
+  if (!bias.defined()) return matmul(x, weight.t());
+  // Note [Bias inside the GEMM]
+  // y = x W^T + bias is one GEMM into an output that starts as the bias rows, with the product accumulated into it:
+  // the bias is the first term of every sum (one rounding for f16/bf16, whose GEMM runs in f32), the result is
+  // written once, and no [rows, out] product is held beside the biased copy — matmul then add held both at once.
+  const int64_t in = weight.size(1), out_features = weight.size(0);
+  const Shape lead(x.sizes().begin(), x.sizes().end() - 1);
+  const int64_t rows = numel_of(lead);
+  Tensor y = empty({1, rows, out_features}, TensorOptions(x.dtype(), x.device()));
+  if (y.numel() > 0) {
+    run_kernel(copy_stub, x.device(), bias.view({1, out_features}).expand({rows, out_features}),
+               y.view({rows, out_features}));
+    run_kernel(bmm_stub, x.device(), x.reshape({1, rows, in}), weight.t().unsqueeze(0), y, true);
+  }
+  Shape shape = lead;
+  shape.push_back(out_features);
+  return y.view(shape);
 }
 
 }  // namespace ops

@@ -76,7 +76,9 @@ EMBER_DECLARE_STUB(reduce, ReduceFn);
 
 // ---- linear algebra ---------------------------------------------------------------------------------------------
 // out[b] = a[b] @ bm[b] with a [B, M, K], bm [B, K, N], out [B, M, N] (contiguous); batch dims may have stride 0.
-using BmmFn = void (*)(const Tensor& a, const Tensor& b, const Tensor& out);
+// accumulate: out[b] += a[b] @ bm[b], out's old value the first term of every sum (a linear layer's bias, Note
+// [Bias inside the GEMM] in ops_linalg.cpp).
+using BmmFn = void (*)(const Tensor& a, const Tensor& b, const Tensor& out, bool accumulate);
 EMBER_DECLARE_STUB(bmm, BmmFn);
 
 // ---- normalisation and softmax ------------------------------------------------------------------------------

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <vector>
 
+#include "ember/memory/cpu_allocator.h"
 #include "tests/harness/op_harness.h"
 
 namespace ember::testing {
@@ -398,6 +399,26 @@ TEST(MatmulMeta, ShapesOnlyOnMeta) {
   const TensorOptions meta(DType::f16, Device::meta());
   EXPECT_EQ(matmul(empty({2, 1, 5, 7}, meta), empty({3, 7, 6}, meta)).sizes(), Shape({2, 3, 5, 6}));
   EXPECT_EQ(matmul(empty({8, 16, 32}, meta), empty({32, 4}, meta)).sizes(), Shape({8, 16, 4}));
+}
+
+// Note [Bias inside the GEMM] (ember/kernels/ops_linalg.cpp): linear with a bias holds one result-sized tensor, the
+// result (matmul then add held two), and its value is the product plus the bias, the bias the first term of each
+// sum: in f32 equal to an f64 reference within the GEMM's rounding, in bf16 within one rounding of it.
+TEST(LinearBias, OneResultSizedTensorAndTheBiasFirst) {
+  memory::CachingAllocator& alloc = memory::cpu_allocator();
+  const Tensor x = rand_input({4096, 64}).to(DType::f32), w = rand_input({1024, 64}).to(DType::f32);
+  const Tensor b = rand_input({1024}, 100.0, 200.0).to(DType::f32);
+  alloc.reset_peak_stats();
+  const int64_t before = alloc.stats().allocated_bytes;
+  const Tensor y = ops::linear(x, w, b);
+  const int64_t rise = alloc.stats().peak_allocated_bytes - before, result = 4096 * 1024 * 4;
+  EXPECT_LT(rise, result + result / 4) << "linear's peak rise " << rise << " for a " << result << "-byte result";
+  const Tensor want = ops::add(ops::matmul(x.to(DType::f64), w.to(DType::f64).t()), b.to(DType::f64));
+  EXPECT_TRUE(allclose(y, want, {1e-6, 1e-5}));
+  const Tensor yb = ops::linear(x.to(DType::bf16), w.to(DType::bf16), b.to(DType::bf16));
+  const Tensor wantb = ops::add(ops::matmul(x.to(DType::bf16).to(DType::f64), w.to(DType::bf16).to(DType::f64).t()),
+                                b.to(DType::bf16).to(DType::f64));
+  EXPECT_TRUE(allclose(yb, wantb, {1.0 / 256, 0.0})) << "within one bf16 rounding of the exact sum";
 }
 
 }  // namespace

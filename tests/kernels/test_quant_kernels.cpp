@@ -13,6 +13,7 @@
 #include "ember/kernels/ops_quant.h"
 #include "ember/memory/cpu_allocator.h"
 #include "tests/harness/op_harness.h"
+#include "tests/kernels/compression_test_util.h"
 #include "tests/kernels/conv_pool_test_util.h"
 
 namespace ember::testing {
@@ -153,41 +154,6 @@ TEST(QuantKernels, WeightLinearEmptyDims) {
             (std::vector<double>{1, 2, 3, 1, 2, 3}));
 }
 
-// The int8 x int8 model of int8_dynamic_linear in f64 with exact integer sums (ops_quant.h: Int8DynamicLinearFn).
-Tensor ref_dynamic_linear(const Tensor& x, const Tensor& q, const Tensor& s, const Tensor& b, double* act_out,
-                          std::optional<float> act_scale = std::nullopt) {
-  const int64_t k = q.size(1), n = q.size(0), m = x.numel() / k;
-  const std::vector<float> xv = x.to_vector<float>();
-  const std::vector<int64_t> qv = q.to_vector<int64_t>();
-  const std::vector<double> sv = as_doubles(s);
-  const std::vector<double> bv = b.defined() ? as_doubles(b) : std::vector<double>(n, 0.0);
-  float sx;
-  if (act_scale) {
-    sx = *act_scale;
-  } else {
-    float amax = 0.0f;
-    for (float v : xv) amax = std::max(amax, std::fabs(v));
-    sx = amax / 127.0f;  // the documented formula, in f32
-    if (sx == 0.0f) sx = 1.0f;
-  }
-  *act_out = sx;
-  std::vector<int64_t> qx(xv.size());
-  for (size_t e = 0; e < xv.size(); ++e) {
-    const double r = std::nearbyint(static_cast<double>(xv[e]) / static_cast<double>(sx));
-    qx[e] = static_cast<int64_t>(std::min(127.0, std::max(-127.0, r)));
-  }
-  std::vector<double> y(static_cast<size_t>(m * n));
-  for (int64_t i = 0; i < m; ++i)
-    for (int64_t j = 0; j < n; ++j) {
-      int64_t acc = 0;
-      for (int64_t t = 0; t < k; ++t) acc += qx[i * k + t] * qv[j * k + t];
-      y[i * n + j] = static_cast<double>(acc) * sx * sv[j] + bv[j];
-    }
-  Shape shape(x.sizes().begin(), x.sizes().end() - 1);
-  shape.push_back(n);
-  return from_vector(y, shape);
-}
-
 TEST(QuantKernels, DynamicLinearMatchesIntegerModel) {
   for (const Shape& xs : {Shape{4, 33}, Shape{2, 3, 50}, Shape{130, 9}}) {
     SCOPED_TRACE(shape_str(xs));
@@ -197,7 +163,7 @@ TEST(QuantKernels, DynamicLinearMatchesIntegerModel) {
     const Tensor b = rand_input({n}).to(DType::f32);
     const Tensor x = rand_input(xs, -3.0, 3.0).to(DType::f32);
     double sx = 0.0;
-    const Tensor ref = ref_dynamic_linear(x, w.q, w.scale, b, &sx);
+    const Tensor ref = ref_dynamic_linear(x, w.q, w.scale, b, std::nullopt, &sx);
     const Tensor y = ops::int8_dynamic_linear(x, w.q, w.scale, b);
     ASSERT_EQ(y.dtype(), DType::f32);
     // The integer sums are exact on both sides; only the f32 scaling and bias add round.
@@ -226,7 +192,7 @@ TEST(QuantKernels, StaticLinearClampsToCalibratedScale) {
   // act_scale 2/127: every |x| > 2 clamps to +-127.
   const float act = 2.0f / 127.0f;
   double sx = 0.0;
-  const Tensor ref = ref_dynamic_linear(x, w.q, w.scale, Tensor(), &sx, act);
+  const Tensor ref = ref_dynamic_linear(x, w.q, w.scale, Tensor(), act, &sx);
   EXPECT_TRUE(allclose(ops::int8_dynamic_linear(x, w.q, w.scale, Tensor(), act), ref, {1e-6, 1e-6}));
   // An all-zero input in dynamic mode: scale 1, result = bias.
   const Tensor b = from_vector<float>({1, -2, 3, 0, 5}, {5});
@@ -280,15 +246,6 @@ TEST(QuantKernels, WeightConv2dMatchesDequantizedReference) {
       EXPECT_TRUE(allclose(y, ref_conv(x, w.q, w.scale, b.to(dt), cs.p), default_tolerance(dt)));
     }
   }
-}
-
-// How far an allocator's requested-bytes high-water mark rises while f() runs.
-template <class F>
-int64_t peak_rise(memory::Allocator& a, F&& f) {
-  a.reset_peak_stats();
-  const int64_t before = a.stats().requested_bytes;
-  f();
-  return a.stats().peak_requested_bytes - before;
 }
 
 TEST(QuantKernels, WeightLinearNeverHoldsTheF32Weight) {

@@ -11,52 +11,18 @@
 #include "ember/kernels/ops_sparse.h"
 #include "ember/memory/cpu_allocator.h"
 #include "tests/harness/op_harness.h"
+#include "tests/kernels/compression_test_util.h"
 
 namespace ember {
 namespace {
 
 using ::ember::testing::allclose;
 using ::ember::testing::error_message;
+using ::ember::testing::naive_linear;
+using ::ember::testing::naive_matmul;
 using ::ember::testing::rand_input_seeded;
+using ::ember::testing::random_sparse;
 using ::ember::testing::Tolerance;
-
-// A random [rows, cols] f64 matrix with about `density` nonzeros; rows listed in empty_rows are all zero.
-Tensor random_sparse(int64_t rows, int64_t cols, double density, uint64_t seed,
-                     const std::vector<int64_t>& empty_rows = {}) {
-  Tensor v = rand_input_seeded({rows, cols}, seed);
-  const std::vector<double> keep = rand_input_seeded({rows, cols}, seed + 1, 0.0, 1.0).to_vector<double>();
-  double* p = v.data<double>();
-  for (int64_t i = 0; i < rows * cols; ++i)
-    if (keep[static_cast<size_t>(i)] >= density) p[i] = 0.0;
-  for (int64_t r : empty_rows)
-    for (int64_t c = 0; c < cols; ++c) p[r * cols + c] = 0.0;
-  return v;
-}
-
-// y[b, n] = sum_k x[b, k] w[n, k] + bias[n], in double with naive loops; x [B, K], w [N, K].
-Tensor naive_linear(const Tensor& x, const Tensor& w, const Tensor& bias) {
-  const int64_t B = x.size(0), K = x.size(1), N = w.size(0);
-  const std::vector<double> xv = x.to_vector<double>(), wv = w.to_vector<double>();
-  const std::vector<double> bv = bias.defined() ? bias.to_vector<double>() : std::vector<double>(N, 0.0);
-  std::vector<double> y(static_cast<size_t>(B * N));
-  for (int64_t b = 0; b < B; ++b)
-    for (int64_t n = 0; n < N; ++n) {
-      double acc = bv[n];
-      for (int64_t k = 0; k < K; ++k) acc += xv[b * K + k] * wv[n * K + k];
-      y[b * N + n] = acc;
-    }
-  return from_vector(y, {B, N});
-}
-
-Tensor naive_matmul(const Tensor& a, const Tensor& d) {
-  const int64_t M = a.size(0), K = a.size(1), N = d.size(1);
-  const std::vector<double> av = a.to_vector<double>(), dv = d.to_vector<double>();
-  std::vector<double> y(static_cast<size_t>(M * N), 0.0);
-  for (int64_t m = 0; m < M; ++m)
-    for (int64_t n = 0; n < N; ++n)
-      for (int64_t k = 0; k < K; ++k) y[m * N + n] += av[m * K + k] * dv[k * N + n];
-  return from_vector(y, {M, N});
-}
 
 Tolerance tol_for(DType dt) { return dt == DType::f64 ? Tolerance{1e-12, 1e-12} : Tolerance{1e-5, 1e-5}; }
 

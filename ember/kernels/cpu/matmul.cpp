@@ -16,16 +16,16 @@
 namespace ember::kernels::cpu {
 namespace {
 
-// out [B, M, N] (contiguous) = a @ b for f32/f64 matrices at pa/pb with batch steps and element strides: chunks of
-// batches over the CPU threads, or one batch after another, each product split itself when large (Note [Parallel
-// GEMM] in gemm.cpp).
+// out [B, M, N] (contiguous) = a @ b (+= when accumulate) for f32/f64 matrices at pa/pb with batch steps and element
+// strides: chunks of batches over the CPU threads, or one batch after another, each product split itself when large
+// (Note [Parallel GEMM] in gemm.cpp).
 template <class T>
 void bmm_native(const T* pa, const T* pb, T* po, int64_t B, int64_t M, int64_t K, int64_t N, int64_t step_a,
-                int64_t step_b, int64_t sa1, int64_t sa2, int64_t sb1, int64_t sb2) {
+                int64_t step_b, int64_t sa1, int64_t sa2, int64_t sb1, int64_t sb2, bool accumulate) {
   const int64_t chunks = gemm_batch_chunks(B, M, K, N);
   if (chunks == 1) {
     Gemm<T> g(M, K, N, sa1, sa2, sb1, sb2, /*split=*/true);
-    for (int64_t i = 0; i < B; ++i) g.run(pa + i * step_a, pb + i * step_b, po + i * M * N, N);
+    for (int64_t i = 0; i < B; ++i) g.run(pa + i * step_a, pb + i * step_b, po + i * M * N, N, accumulate);
     return;
   }
   std::vector<Gemm<T>> g;
@@ -33,7 +33,7 @@ void bmm_native(const T* pa, const T* pb, T* po, int64_t B, int64_t M, int64_t K
   for (int64_t c = 0; c < chunks; ++c) g.emplace_back(M, K, N, sa1, sa2, sb1, sb2, /*split=*/false);
   parallel::parallel_for(B, 1, 1, [&](int64_t c, int64_t b0, int64_t b1) {
     for (int64_t i = b0; i < b1; ++i)
-      g[static_cast<size_t>(c)].run(pa + i * step_a, pb + i * step_b, po + i * M * N, N);
+      g[static_cast<size_t>(c)].run(pa + i * step_a, pb + i * step_b, po + i * M * N, N, accumulate);
   });
 }
 
@@ -45,7 +45,7 @@ void widen(const T* p, int64_t rows, int64_t cols, int64_t rs, int64_t cs, float
 }
 
 template <class T>
-void bmm_typed(const Tensor& a, const Tensor& b, const Tensor& out) {
+void bmm_typed(const Tensor& a, const Tensor& b, const Tensor& out, bool accumulate) {
   const int64_t B = a.size(0), M = a.size(1), K = a.size(2), N = b.size(2);
   const T* pa = static_cast<const T*>(a.raw_data());
   const T* pb = static_cast<const T*>(b.raw_data());
@@ -55,7 +55,7 @@ void bmm_typed(const Tensor& a, const Tensor& b, const Tensor& out) {
   // An empty operand (K == 0) may have no storage (null base): its batch offsets are never applied (nothing is read).
   const int64_t step_a = pa == nullptr ? 0 : sa0, step_b = pb == nullptr ? 0 : sb0;
   if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
-    bmm_native<T>(pa, pb, po, B, M, K, N, step_a, step_b, sa1, sa2, sb1, sb2);
+    bmm_native<T>(pa, pb, po, B, M, K, N, step_a, step_b, sa1, sa2, sb1, sb2, accumulate);
   } else {
     // f32 staging: widened a [M, K], widened b [K, N] and the f32 product [M, N], in one workspace tensor; each
     // batch is one f32 bmm_native call.
@@ -68,16 +68,18 @@ void bmm_typed(const Tensor& a, const Tensor& b, const Tensor& out) {
     for (int64_t i = 0; i < B; ++i) {
       widen(pa + i * step_a, M, K, sa1, sa2, wa);
       if (!b_shared) widen(pb + i * step_b, K, N, sb1, sb2, wb);
-      bmm_native<float>(wa, wb, c, 1, M, K, N, 0, 0, K, 1, N, 1);
       T* dst = po + i * M * N;
+      if (accumulate)  // the old value is the first term, in f32; one rounding at the end
+        for (int64_t e = 0; e < M * N; ++e) c[e] = static_cast<float>(dst[e]);
+      bmm_native<float>(wa, wb, c, 1, M, K, N, 0, 0, K, 1, N, 1, accumulate);
       for (int64_t e = 0; e < M * N; ++e) dst[e] = T(c[e]);
     }
   }
 }
 
-void bmm_kernel(const Tensor& a, const Tensor& b, const Tensor& out) {
+void bmm_kernel(const Tensor& a, const Tensor& b, const Tensor& out, bool accumulate) {
   if (out.numel() == 0) return;
-  EMBER_DISPATCH_FLOAT(a.dtype(), "bmm", [&] { bmm_typed<scalar_t>(a, b, out); });
+  EMBER_DISPATCH_FLOAT(a.dtype(), "bmm", [&] { bmm_typed<scalar_t>(a, b, out, accumulate); });
 }
 
 // ---- the same workspace on meta (Note [Meta kernels]) ---------------------------------------------------------------
@@ -91,7 +93,7 @@ void take_bmm_native_workspace(MetaWorkspace& ws, int64_t B, int64_t M, int64_t 
     take_gemm_workspace(ws, dtype_of_v<T>, M, K, N, a_rs, a_cs, b_rs, b_cs, chunks == 1);
 }
 
-void bmm_meta_kernel(const Tensor& a, const Tensor& b, const Tensor& out) {
+void bmm_meta_kernel(const Tensor& a, const Tensor& b, const Tensor& out, bool /*accumulate*/) {
   if (out.numel() == 0) return;
   replay_bmm_workspace(a.dtype(), a.size(0), a.size(1), a.size(2), b.size(2), a.stride(1), a.stride(2), b.stride(1),
                        b.stride(2));

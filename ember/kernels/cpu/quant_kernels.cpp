@@ -142,7 +142,7 @@ void weight_linear_typed(const Tensor& x, const Tensor& q, const Tensor& scale, 
         const Tensor wt = tile.view({-1}).narrow(0, 0, nc * kc).view({nc, kc}).t().unsqueeze(0);  // column-major
         const Tensor a = xa.narrow(1, k0, kc).unsqueeze(0);                                     // [1, mc, kc]
         const Tensor& dst = k0 == 0 ? accum : prod;
-        gemm(a, wt, dst.narrow(0, 0, mc * nc).view({1, mc, nc}));
+        gemm(a, wt, dst.narrow(0, 0, mc * nc).view({1, mc, nc}), /*accumulate=*/false);
         if (k0 > 0) {
           for (int64_t e = 0; e < mc * nc; ++e) ap[e] += pp[e];
         }

@@ -68,7 +68,7 @@ void layer_norm_typed(const Tensor& x, const Tensor& weight, const Tensor& bias,
   const int64_t grain = std::max<int64_t>(1, kElementGrain / std::max<int64_t>(cols, 1));
   // One row; `stride` is x's column stride, a compile-time 1 for rows with unit stride (the loops then vectorise).
   auto row_norm = [&](int64_t r, auto stride) {
-    const T* row = px + r * rs;
+    const T* row = cols > 0 ? px + r * rs : px;  // an empty x may have no storage (null px): no offset applied
     auto value = [&](int64_t j) { return static_cast<double>(static_cast<math_t>(row[j * stride])); };
     const double mu = lane_sum(cols, value) / static_cast<double>(cols);
     const double ss = lane_sum(cols, [&](int64_t j) {

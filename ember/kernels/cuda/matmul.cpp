@@ -1,5 +1,5 @@
-// The CUDA kernel of the `bmm` stub: out[b] = a[b] @ bm[b] for a [B, M, K], bm [B, K, N] with any strides (batch
-// stride 0 where a side broadcasts) into the contiguous out [B, M, N], through gemm() (blas.h).
+// The CUDA kernel of the `bmm` stub: out[b] = a[b] @ bm[b] (+= when accumulating: beta 1) for a [B, M, K], bm [B, K, N]
+// with any strides (batch stride 0 where a side broadcasts) into the contiguous out [B, M, N], through gemm() (blas.h).
 // Invariant: the operands reach gemm() as the views they are; gemm() decides per operand whether cuBLASLt reads it
 // in place or from a packed copy (Note [GEMM through cuBLASLt] in blas.cu), and K == 0 yields zeros.
 #include "ember/kernels/cuda/blas.h"
@@ -17,7 +17,7 @@ void check_on_device(const Tensor& t, Device device) {
               device.str(), ")");
 }
 
-void bmm_cuda(const Tensor& a, const Tensor& b, const Tensor& out) {
+void bmm_cuda(const Tensor& a, const Tensor& b, const Tensor& out, bool accumulate) {
   const Device device = out.device();
   EMBER_CHECK(device.is_cuda(), DeviceError, "bmm: the CUDA kernel got ", out.description());
   check_on_device(a, device);
@@ -41,8 +41,8 @@ void bmm_cuda(const Tensor& a, const Tensor& b, const Tensor& out) {
   // An empty operand (K == 0) may have no storage (null data); gemm() reads neither operand then.
   const MatrixRef ra{a.raw_data(), a.stride(0), a.stride(1), a.stride(2)};
   const MatrixRef rb{b.raw_data(), b.stride(0), b.stride(1), b.stride(2)};
-  ::ember::cuda::gemm(dt, B, M, N, K, ra, rb, out.raw_data(), M * N, N, /*alpha=*/1.0, /*beta=*/0.0, device.index,
-                      stream);
+  ::ember::cuda::gemm(dt, B, M, N, K, ra, rb, out.raw_data(), M * N, N, /*alpha=*/1.0, /*beta=*/accumulate ? 1.0 : 0.0,
+                      device.index, stream);
 }
 
 }  // namespace

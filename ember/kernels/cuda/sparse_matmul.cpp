@@ -1,6 +1,7 @@
 // CUDA kernels of the CSR products (ops_sparse.h), csr_linear and csr_matmul in f32/f64, through cuSPARSE's SpMM.
 // Invariant: cuSPARSE sees row offsets and column indices of one index type, a per-device handle bound to the current
 // stream under that device's lock, and an allocator workspace; nnz == 0 never reaches cuSPARSE.
+#if defined(EMBER_WITH_CUSPARSE)  // ember/CMakeLists.txt: set when the toolkit has cuSPARSE
 #include <cusparse.h>
 
 #include <cstdint>
@@ -232,3 +233,5 @@ EMBER_REGISTER_KERNEL(csr_linear, DeviceType::CUDA, csr_linear_cuda);
 EMBER_REGISTER_KERNEL(csr_matmul, DeviceType::CUDA, csr_matmul_cuda);
 
 }  // namespace ember::kernels::cuda
+
+#endif  // EMBER_WITH_CUSPARSE
