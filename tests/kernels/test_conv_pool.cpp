@@ -15,30 +15,15 @@ namespace {
 // Direct convolution: out[n, o, y, z] = b[o] + sum_{c, i, j} x[n, g*cg + c, y*s - p + i*d, z*s - p + j*d] * w[o, c, i, j].
 Tensor conv_ref(const Tensor& x, const Tensor& w, const Tensor& b, const Conv2dParams& p) {
   const std::vector<double> xv = x.to_vector<double>(), wv = w.to_vector<double>();
-  const std::vector<double> bv = b.defined() ? b.to_vector<double>() : std::vector<double>();
-  const int64_t N = x.size(0), C = x.size(1), H = x.size(2), W = x.size(3);
-  const int64_t O = w.size(0), CG = w.size(1), KH = w.size(2), KW = w.size(3), OG = O / p.groups;
-  const int64_t OH = (H + 2 * p.padding[0] - p.dilation[0] * (KH - 1) - 1) / p.stride[0] + 1;
-  const int64_t OW = (W + 2 * p.padding[1] - p.dilation[1] * (KW - 1) - 1) / p.stride[1] + 1;
-  std::vector<double> out(static_cast<size_t>(N * O * OH * OW), 0.0);
-  for (int64_t n = 0; n < N; ++n)
-    for (int64_t o = 0; o < O; ++o)
-      for (int64_t y = 0; y < OH; ++y)
-        for (int64_t z = 0; z < OW; ++z) {
-          double s = bv.empty() ? 0.0 : bv[static_cast<size_t>(o)];
-          const int64_t g = o / OG;
-          for (int64_t c = 0; c < CG; ++c)
-            for (int64_t i = 0; i < KH; ++i)
-              for (int64_t j = 0; j < KW; ++j) {
-                const int64_t iy = y * p.stride[0] - p.padding[0] + i * p.dilation[0];
-                const int64_t ix = z * p.stride[1] - p.padding[1] + j * p.dilation[1];
-                if (iy < 0 || iy >= H || ix < 0 || ix >= W) continue;
-                s += xv[static_cast<size_t>(((n * C + g * CG + c) * H + iy) * W + ix)] *
-                     wv[static_cast<size_t>(((o * CG + c) * KH + i) * KW + j)];
-              }
-          out[static_cast<size_t>(((n * O + o) * OH + y) * OW + z)] = s;
-        }
-  return from_vector(out, {N, O, OH, OW});
+  const Shape os = conv_out_shape(x.sizes(), w.sizes(), p);
+  const int64_t plane = os[2] * os[3];
+  std::vector<double> out(flat(numel_of(os)), 0.0);
+  if (b.defined()) {  // the bias is each sum's first term
+    const std::vector<double> bv = b.to_vector<double>();
+    for (size_t e = 0; e < out.size(); ++e) out[e] = bv[flat((static_cast<int64_t>(e) / plane) % os[1])];
+  }
+  for_each_conv_term(x.sizes(), w.sizes(), p, [&](size_t o, size_t xi, size_t wi) { out[o] += xv[xi] * wv[wi]; });
+  return from_vector(out, os);
 }
 
 
