@@ -1,5 +1,6 @@
-// The library members of the checked-call family (DESIGN.md §7): EMBER_CUBLAS_CHECK and, where cuDNN is built in
-// (EMBER_WITH_CUDNN, a private definition of the library), EMBER_CUDNN_CHECK. Like EMBER_CUDA_CHECK in
+// The library members of the checked-call family (DESIGN.md §7): EMBER_CUBLAS_CHECK and, where cuDNN / cuSPARSE are
+// built in (EMBER_WITH_CUDNN / EMBER_WITH_CUSPARSE, private definitions of the library), EMBER_CUDNN_CHECK and
+// EMBER_CUSPARSE_CHECK. Like EMBER_CUDA_CHECK in
 // base/cuda_check.h, each throws ember::BackendError carrying the expression, the status name, file and line.
 #pragma once
 
@@ -12,6 +13,9 @@
 #if defined(EMBER_WITH_CUDNN)
 #include <cudnn.h>
 #endif
+#if defined(EMBER_WITH_CUSPARSE)
+#include <cusparse.h>
+#endif
 
 namespace ember::detail {
 
@@ -23,6 +27,17 @@ inline std::string cublas_status_text(cublasStatus_t status) {
   if (text != nullptr) s += concat(" (", text, ")");
   return s;
 }
+
+#if defined(EMBER_WITH_CUSPARSE)
+// "CUSPARSE_STATUS_INVALID_VALUE (invalid value)".
+inline std::string cusparse_status_text(cusparseStatus_t status) {
+  const char* name = cusparseGetErrorName(status);
+  const char* text = cusparseGetErrorString(status);
+  std::string s = name != nullptr ? name : concat("cusparseStatus_t ", static_cast<int>(status));
+  if (text != nullptr) s += concat(" (", text, ")");
+  return s;
+}
+#endif
 
 }  // namespace ember::detail
 
@@ -43,5 +58,16 @@ inline std::string cublas_status_text(cublasStatus_t status) {
     if (ember_cudnn_status_ != CUDNN_STATUS_SUCCESS)                                                   \
       ::ember::detail::throw_backend_error("cuDNN", #expr, cudnnGetErrorString(ember_cudnn_status_),   \
                                            __FILE__, __LINE__);                                        \
+  } while (0)
+#endif
+
+#if defined(EMBER_WITH_CUSPARSE)
+#define EMBER_CUSPARSE_CHECK(expr)                                                                                \
+  do {                                                                                                            \
+    cusparseStatus_t ember_cusparse_status_ = (expr);                                                             \
+    if (ember_cusparse_status_ != CUSPARSE_STATUS_SUCCESS)                                                        \
+      ::ember::detail::throw_backend_error("cuSPARSE", #expr,                                                     \
+                                           ::ember::detail::cusparse_status_text(ember_cusparse_status_).c_str(), \
+                                           __FILE__, __LINE__);                                                   \
   } while (0)
 #endif

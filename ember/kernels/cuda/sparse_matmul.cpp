@@ -13,31 +13,9 @@
 
 #include "ember/base/cuda_check.h"
 #include "ember/core/core_stubs.h"
+#include "ember/kernels/cuda/library_check.h"
 #include "ember/kernels/cuda/stream.h"
 #include "ember/kernels/ops_sparse.h"
-
-namespace ember::detail {
-
-// "CUSPARSE_STATUS_INVALID_VALUE (invalid value)".
-inline std::string cusparse_status_text(cusparseStatus_t status) {
-  const char* name = cusparseGetErrorName(status);
-  const char* text = cusparseGetErrorString(status);
-  std::string s = name != nullptr ? name : concat("cusparseStatus_t ", static_cast<int>(status));
-  if (text != nullptr) s += concat(" (", text, ")");
-  return s;
-}
-
-}  // namespace ember::detail
-
-// The cuSPARSE member of the checked-call family (base/cuda_check.h, kernels/cuda/library_check.h).
-#define EMBER_CUSPARSE_CHECK(expr)                                                                                \
-  do {                                                                                                            \
-    cusparseStatus_t ember_cusparse_status_ = (expr);                                                             \
-    if (ember_cusparse_status_ != CUSPARSE_STATUS_SUCCESS)                                                        \
-      ::ember::detail::throw_backend_error("cuSPARSE", #expr,                                                     \
-                                           ::ember::detail::cusparse_status_text(ember_cusparse_status_).c_str(), \
-                                           __FILE__, __LINE__);                                                   \
-  } while (0)
 
 namespace ember::kernels::cuda {
 namespace {
