@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <cstring>
 #include <memory>
 #include <string>
 
@@ -45,6 +46,15 @@ class Backing {
 
   // True when addresses can be dereferenced (false for an address-only simulation used by replay).
   virtual bool materialized() const { return true; }
+
+  // Sets the first nbytes of a block just handed out for `stream` to `byte`: the poisoning of new allocations in
+  // tests (set_poison_allocations, allocator.h). Host-addressable memory is written here; a device's memory is not
+  // host-addressable, so its backing queues the fill on `stream`, ahead of the work the block is for (CUDA:
+  // cudaMemsetAsync). An address-only backing does nothing.
+  virtual void fill(void* ptr, int64_t nbytes, unsigned char byte, StreamId stream) {
+    (void)stream;
+    if (materialized()) std::memset(ptr, byte, static_cast<size_t>(nbytes));
+  }
 };
 
 // Host memory (aligned_alloc), unbounded, synchronous: events complete immediately.

@@ -7,7 +7,6 @@
 
 #include <algorithm>
 #include <cstddef>
-#include <cstring>
 #include <memory>
 #include <string>
 #include <utility>
@@ -183,7 +182,7 @@ inline void* CachingAllocator::Impl::allocate(int64_t nbytes, StreamId stream) {
   note_active_peak();
   for (auto& w : peak_windows) w.second = std::max(w.second, stats.allocated_bytes[kAggregatePool].current);
   record(TraceAction::Alloc, b->id, nbytes, b->size, b->ptr, stream, b->tag);
-  if (poison_allocations() && backing.materialized()) std::memset(b->ptr, kPoisonByte, static_cast<size_t>(nbytes));
+  if (poison_allocations()) backing.fill(b->ptr, nbytes, kPoisonByte, stream);
   return b->ptr;
 }
 

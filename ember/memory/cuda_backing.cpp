@@ -288,6 +288,11 @@ void CudaBacking::synchronize() {
   EMBER_CUDA_CHECK(cudaDeviceSynchronize());
 }
 
+void CudaBacking::fill(void* ptr, int64_t nbytes, unsigned char byte, StreamId stream) {
+  ScopedDevice scoped(device_);
+  EMBER_CUDA_CHECK(cudaMemsetAsync(ptr, byte, static_cast<size_t>(nbytes), to_stream(stream)));
+}
+
 bool CudaBacking::supports_expandable() const { return state_->expandable; }
 
 int64_t CudaBacking::page_size() const { return state_->page; }

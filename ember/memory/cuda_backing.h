@@ -44,6 +44,7 @@ class CudaBacking final : public Backing {
   bool map(void* addr, int64_t nbytes) override;  // false (nothing mapped) when cuMemCreate runs out of memory
   void unmap(void* addr, int64_t nbytes) override;
   void release_range(void* addr, int64_t nbytes) override;
+  void fill(void* ptr, int64_t nbytes, unsigned char byte, StreamId stream) override;  // cudaMemsetAsync on stream
 
   int device() const { return device_; }
   int64_t mapped_pages() const;  // physical pages currently mapped in reserved ranges
