@@ -24,12 +24,18 @@ uint64_t next_seed() {
   static thread_local std::string last_test;
   static thread_local uint64_t counter = 0;
   const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-  std::string name = info ? std::string(info->test_suite_name()) + "." + info->name() : "none";
-  // The device instance (cpu/ or cuda/ prefix) must not change the inputs: strip it.
-  if (auto slash = name.find('/'); slash != std::string::npos) name = name.substr(slash + 1);
-  if (name != last_test) {
-    last_test = name;
+  const std::string test = info ? std::string(info->test_suite_name()) + "." + info->name() : "none";
+  if (test != last_test) {  // every test (each device instance too) starts its count afresh
+    last_test = test;
     counter = 0;
+  }
+  // The device instance must not change the inputs: strip its prefix (cpu/, cuda/), and read the cuda instance's
+  // parameter name (".../cuda") as the cpu instance's (".../cpu"), so both draw the cpu instance's inputs.
+  std::string name = test;
+  if (auto slash = name.find('/'); slash != std::string::npos) {
+    const std::string instance = name.substr(0, slash);
+    name = name.substr(slash + 1);
+    if (instance == "cuda" && name.ends_with("/cuda")) name.replace(name.size() - 4, 4, "cpu");
   }
   return test_seed() ^ (std::hash<std::string>{}(name) * 0x9E3779B97F4A7C15ull) ^ (++counter * 0xBF58476D1CE4E5B9ull);
 }
