@@ -77,7 +77,10 @@ class NcclWork : public Work {
   bool is_completed() override {
     if (finished_) return true;
     const cudaError_t s = cudaEventQuery(done_);
-    if (s == cudaErrorNotReady) return false;
+    if (s == cudaErrorNotReady) {
+      (void)cudaGetLastError();  // not an error: clear it so the next kernel launch check does not report it
+      return false;
+    }
     EMBER_CUDA_CHECK(s);
     wait();
     return true;
@@ -105,10 +108,14 @@ class NcclProcessGroup : public ProcessGroup {
     EMBER_NCCL_CHECK(ncclCommInitRank(&comm_, size(), id, rank()));
   }
   ~NcclProcessGroup() override {
-    DeviceScope scope(device_);
-    cudaStreamSynchronize(stream_);
-    ncclCommDestroy(comm_);
-    cudaStreamDestroy(stream_);
+    try {
+      DeviceScope scope(device_);
+      cudaStreamSynchronize(stream_);
+      ncclCommDestroy(comm_);
+      cudaStreamDestroy(stream_);
+    } catch (...) {
+      // A destructor cannot throw; a failing cudaGetDevice/cudaSetDevice means the runtime is already gone (exit).
+    }
   }
   std::string backend() const override { return "nccl"; }
   Device device() const override { return Device::cuda(device_); }

@@ -7,6 +7,7 @@
 
 #include <array>
 #include <climits>
+#include <cstdint>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -132,7 +133,7 @@ bool cudnn_fits(const ConvShape& s) {
                     s.n * s.o * s.plane,
                     s.o * s.kg})
     if (v > INT_MAX) return false;
-  return s.n > 0 && s.c > 0 && s.o > 0 && s.kg > 0;
+  return s.n > 0 && s.c > 0 && s.h > 0 && s.w > 0 && s.o > 0 && s.kg > 0;
 }
 
 // ---- handles --------------------------------------------------------------------------------------------------
@@ -307,10 +308,14 @@ Choice choose_backward_filter(cudnnHandle_t h, const ConvDescriptors& d, DType d
 // ---- one call -------------------------------------------------------------------------------------------------
 
 // Inputs as packed NCHW tensors: cuDNN's filter descriptor takes packed layouts only, and packed tensors keep every
-// algorithm available. A copy is made only for a non-contiguous input, outside autograd (it is scratch).
+// algorithm available. A copy is made only for a non-contiguous input, or for a contiguous view that starts off a
+// 16-byte boundary (an f16 view one element into its storage: cuDNN 9 may refuse such an operand with
+// CUDNN_STATUS_BAD_PARAM_MISALIGNED_POINTER, and a fresh block is aligned); outside autograd (it is scratch).
 Tensor packed(const Tensor& t) {
   NoGradGuard no_grad;
-  return t.contiguous();
+  Tensor c = t.contiguous();
+  if (reinterpret_cast<uintptr_t>(c.raw_data()) % 16 != 0) c = c.clone();
+  return c;
 }
 
 // alpha/beta in host memory: double for f64 data, float otherwise.

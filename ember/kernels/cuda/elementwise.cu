@@ -345,11 +345,15 @@ void unary_cuda(UnaryOp op, UnaryParams p, const Tensor& in, const Tensor& out) 
     case DType::bf16: return launch_unary_float<BFloat16>(op, p, in, out, stream);
     case DType::i32:
     case DType::i64:
-    case DType::u8: {
+    case DType::u8:
+    case DType::i8:
+    case DType::i16: {
       EMBER_CHECK(is_integer_unary(op), DTypeError, name, ": dtype ", dtype_name(in.dtype()),
                   " is not supported (needs a floating tensor)");
       if (in.dtype() == DType::i32) return launch_unary_integer<int32_t>(op, p, in, out, stream);
       if (in.dtype() == DType::i64) return launch_unary_integer<int64_t>(op, p, in, out, stream);
+      if (in.dtype() == DType::i8) return launch_unary_integer<int8_t>(op, p, in, out, stream);
+      if (in.dtype() == DType::i16) return launch_unary_integer<int16_t>(op, p, in, out, stream);
       return launch_unary_integer<uint8_t>(op, p, in, out, stream);
     }
     default: throw_unsupported_dtype(name, in.dtype());
