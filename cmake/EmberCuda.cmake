@@ -32,7 +32,7 @@ if(EMBER_WITH_CUDA)
   # cuDNN ships with the toolkit here and inside Python wheels (site-packages/nvidia/cudnn) on other machines.
   set(_cudnn_hints ${CUDAToolkit_INCLUDE_DIRS} $ENV{CUDNN_ROOT}/include ${CUDNN_ROOT}/include)
   find_path(CUDNN_INCLUDE_DIR cudnn.h HINTS ${_cudnn_hints})
-  find_library(CUDNN_LIBRARY NAMES cudnn libcudnn.so.9
+  find_library(CUDNN_LIBRARY NAMES cudnn libcudnn.so.9 NAMES_PER_DIR
                HINTS ${CUDAToolkit_LIBRARY_DIR} $ENV{CUDNN_ROOT}/lib ${CUDNN_ROOT}/lib)
   if(CUDNN_INCLUDE_DIR AND CUDNN_LIBRARY)
     set(EMBER_WITH_CUDNN ON)
