@@ -6,6 +6,7 @@
 namespace ember {
 
 EMBER_DEFINE_STUB(bmm, BmmFn);
+EMBER_DEFINE_STUB(linear_bias, LinearBiasFn);
 
 namespace ops {
 
@@ -96,14 +97,22 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   // y = x W^T + bias is one GEMM into an output that starts as the bias rows, with the product accumulated into it:
   // the bias is the first term of every sum (one rounding for f16/bf16, whose GEMM runs in f32), the result is
   // written once, and no [rows, out] product is held beside the biased copy — matmul then add held both at once.
+  // A device registering linear_bias adds the bias inside its GEMM instead (CUDA: cuBLASLt's bias epilogue, which
+  // adds it in f32 before the one store; Note [Bias epilogue] in cuda/blas.cu): there the fill above would be a pass
+  // over the output in device memory, read back by the GEMM.
   const int64_t in = weight.size(1), out_features = weight.size(0);
   const Shape lead(x.sizes().begin(), x.sizes().end() - 1);
   const int64_t rows = numel_of(lead);
   Tensor y = empty({1, rows, out_features}, TensorOptions(x.dtype(), x.device()));
   if (y.numel() > 0) {
-    run_kernel(copy_stub, x.device(), bias.view({1, out_features}).expand({rows, out_features}),
-               y.view({rows, out_features}));
-    run_kernel(bmm_stub, x.device(), x.reshape({1, rows, in}), weight.t().unsqueeze(0), y, true);
+    if (linear_bias_stub.has(x.device().type)) {
+      run_kernel(linear_bias_stub, x.device(), x.reshape({rows, in}), weight, bias.contiguous(),
+                 y.view({rows, out_features}));
+    } else {
+      run_kernel(copy_stub, x.device(), bias.view({1, out_features}).expand({rows, out_features}),
+                 y.view({rows, out_features}));
+      run_kernel(bmm_stub, x.device(), x.reshape({1, rows, in}), weight.t().unsqueeze(0), y, true);
+    }
   }
   Shape shape = lead;
   shape.push_back(out_features);

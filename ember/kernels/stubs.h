@@ -48,8 +48,8 @@ enum class BinaryOp : int8_t {
 };
 inline bool is_comparison(BinaryOp op) { return op >= BinaryOp::Eq; }
 
-// out = op(in); in and out share dtype: floating for every op; also i32/i64/u8 for Neg, Abs, Relu and Clamp
-// (Clamp's p0/p1 arrive saturated to the integer dtype's range; kernels convert them with convert.h).
+// out = op(in); in and out share dtype: floating for every op; also the integer dtypes (u8, i8 to i64) for Neg, Abs,
+// Relu and Clamp (Clamp's p0/p1 arrive saturated to the integer dtype's range; kernels convert them with convert.h).
 using UnaryFn = void (*)(UnaryOp op, UnaryParams params, const Tensor& in, const Tensor& out);
 // out = op(a, b), computed in op_math_t of the operand dtype (float for f16/bf16) with elementwise_math.h.
 // Comparisons (Eq..Ge): a and b share one dtype (any, bool included); out is bool.
@@ -80,6 +80,11 @@ EMBER_DECLARE_STUB(reduce, ReduceFn);
 // [Bias inside the GEMM] in ops_linalg.cpp).
 using BmmFn = void (*)(const Tensor& a, const Tensor& b, const Tensor& out, bool accumulate);
 EMBER_DECLARE_STUB(bmm, BmmFn);
+// out = x @ weight^T + bias for x [rows, in] (any strides), weight [out, in] (any strides), bias [out] and out
+// [rows, out] (both contiguous), one dtype. Optional per device: ops::linear uses it where registered, else fills out
+// with the bias rows and accumulates through bmm (Note [Bias inside the GEMM] in ops_linalg.cpp).
+using LinearBiasFn = void (*)(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& out);
+EMBER_DECLARE_STUB(linear_bias, LinearBiasFn);
 
 // ---- normalisation and softmax ------------------------------------------------------------------------------
 // Softmax (or log-softmax) along `dim` of a floating tensor.

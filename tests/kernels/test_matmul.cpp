@@ -102,8 +102,9 @@ TEST_P(MatmulTest, AllRankCombinations) {
 TEST_P(MatmulTest, TransposedAndStridedOperands) {
   EMBER_REQUIRE_KERNEL(bmm_stub);
   // Transposes inside the op call, so every dtype sees the strided view.
-  OpCase t{"matmul", {rand_input({6, 5}), rand_input({3, 6})},
-           [](const Inputs& in) { return matmul(in[0].t(), in[1].t()); }};
+  OpCase t{"matmul", {rand_input({6, 5}), rand_input({3, 6})}, [](const Inputs& in) {
+             return matmul(in[0].t(), in[1].t());
+           }};
   t.reference = [](const Inputs& in) { return ref_matmul(in[0].t(), in[1].t()); };
   check_op(t, device());
   // Strided in both dims (every other row and column): no unit stride at all.
@@ -120,8 +121,9 @@ TEST_P(MatmulTest, TransposedAndStridedOperands) {
            }};
   b.reference = [](const Inputs& in) { return ref_matmul(in[0].transpose(0, 1), in[1].permute({1, 0, 2})); };
   check_op(b, device());
-  OpCase n{"matmul", {noncontiguous_input({2, 3, 4}), noncontiguous_input({4, 5})},
-           [](const Inputs& in) { return matmul(in[0], in[1]); }};
+  OpCase n{"matmul", {noncontiguous_input({2, 3, 4}), noncontiguous_input({4, 5})}, [](const Inputs& in) {
+             return matmul(in[0], in[1]);
+           }};
   n.reference = [](const Inputs& in) { return ref_matmul(in[0], in[1]); };
   check_op(n, device());
 }
@@ -156,8 +158,9 @@ TEST_P(MatmulTest, BmmMatchesReference) {
   c.reference = [](const Inputs& in) { return ref_matmul(in[0], in[1]); };
   check_op(c, device());
   // A broadcast (stride-0) batch dim and a transposed right operand reach the kernel as they are.
-  OpCase e{"bmm", {rand_input({3, 4, 5}), rand_input({1, 2, 5})},
-           [](const Inputs& in) { return bmm(in[0], in[1].expand({3, 2, 5}).transpose(1, 2)); }};
+  OpCase e{"bmm", {rand_input({3, 4, 5}), rand_input({1, 2, 5})}, [](const Inputs& in) {
+             return bmm(in[0], in[1].expand({3, 2, 5}).transpose(1, 2));
+           }};
   e.reference = [](const Inputs& in) { return ref_matmul(in[0], in[1].expand({3, 2, 5}).transpose(1, 2)); };
   check_op(e, device());
 }
@@ -315,34 +318,85 @@ TEST_P(MatmulTest, ManyBatches) {
   check_op(c, device());
 }
 
+// y[r, o] = sum_i x[r, i] * w[o, i] + b[o], written out directly (b may be undefined); any views.
+Tensor ref_linear(const Tensor& x, const Tensor& w, const Tensor& b) {
+  const std::vector<double> vx = x.to_vector<double>(), vw = w.to_vector<double>();
+  const std::vector<double> vb = b.defined() ? b.to_vector<double>() : std::vector<double>();
+  const int64_t O = w.size(0), I = w.size(1),
+                R = I == 0 ? numel_of(Shape(x.sizes().begin(), x.sizes().end() - 1)) : x.numel() / I;
+  std::vector<double> y(static_cast<size_t>(R * O));
+  for (int64_t r = 0; r < R; ++r)
+    for (int64_t o = 0; o < O; ++o) {
+      double s = vb.empty() ? 0.0 : vb[o];
+      for (int64_t i = 0; i < I; ++i) s += vx[r * I + i] * vw[o * I + i];
+      y[r * O + o] = s;
+    }
+  Shape shape(x.sizes().begin(), x.sizes().end() - 1);
+  shape.push_back(O);
+  return from_vector(y, shape);
+}
+
 TEST_P(MatmulTest, LinearMatchesReference) {
   EMBER_REQUIRE_KERNEL(bmm_stub);
-  // y[r, o] = sum_i x[r, i] * w[o, i] + b[o], written out directly.
-  auto ref_linear = [](const Inputs& in) {
-    const Tensor& x = in[0];
-    const std::vector<double> vx = x.to_vector<double>(), vw = in[1].to_vector<double>();
-    const std::vector<double> vb = in.size() > 2 ? in[2].to_vector<double>() : std::vector<double>();
-    const int64_t O = in[1].size(0), I = in[1].size(1), R = x.numel() / I;
-    std::vector<double> y(static_cast<size_t>(R * O));
-    for (int64_t r = 0; r < R; ++r)
-      for (int64_t o = 0; o < O; ++o) {
-        double s = vb.empty() ? 0.0 : vb[o];
-        for (int64_t i = 0; i < I; ++i) s += vx[r * I + i] * vw[o * I + i];
-        y[r * O + o] = s;
-      }
-    Shape shape(x.sizes().begin(), x.sizes().end() - 1);
-    shape.push_back(O);
-    return from_vector(y, shape);
-  };
+  auto ref = [](const Inputs& in) { return ref_linear(in[0], in[1], in.size() > 2 ? in[2] : Tensor()); };
   for (const Shape& xs : {Shape{2, 3, 5}, Shape{6, 5}, Shape{5}}) {
     SCOPED_TRACE(shape_str(xs));
-    OpCase c{"linear", {rand_input(xs), rand_input({4, 5}), rand_input({4})},
-             [](const Inputs& in) { return linear(in[0], in[1], in[2]); }};
-    c.reference = ref_linear;
+    OpCase c{"linear", {rand_input(xs), rand_input({4, 5}), rand_input({4})}, [](const Inputs& in) {
+               return linear(in[0], in[1], in[2]);
+             }};
+    c.reference = ref;
     check_op(c, device());
     OpCase n{"linear", {rand_input(xs), rand_input({4, 5})}, [](const Inputs& in) { return linear(in[0], in[1]); }};
-    n.reference = ref_linear;
+    n.reference = ref;
     check_op(n, device());
+  }
+}
+
+// The bias paths of linear (on CUDA: cuBLASLt's bias epilogue, or the bias rows then an accumulating GEMM where the
+// epilogue does not apply — Note [Bias epilogue] in kernels/cuda/blas.cu): a fresh (aligned) bias, a bias view one
+// element into its storage (unaligned), a transposed weight, an input with a row stride, K == 0 (the bias rows), and
+// sizes that are no multiple of 8; f64 runs too (check_f64_against_reference), which CUDA sends down the fallback.
+TEST_P(MatmulTest, LinearBiasEveryPath) {
+  EMBER_REQUIRE_KERNEL(bmm_stub);
+  struct Case {
+    const char* what;
+    Inputs inputs;
+    std::function<Tensor(const Inputs&, bool)> args;  // (inputs, reference?) -> linear's result or the reference's
+  };
+  // Each case takes the same views of its inputs for the op and the reference.
+  const std::vector<Case> cases = {
+      {"aligned bias",
+       {rand_input({37, 24}), rand_input({13, 24}), rand_input({13})},
+       [](const Inputs& in, bool r) { return r ? ref_linear(in[0], in[1], in[2]) : linear(in[0], in[1], in[2]); }},
+      {"bias one element in",
+       {rand_input({9, 16}), rand_input({64, 16}), rand_input({65})},
+       [](const Inputs& in, bool r) {
+         const Tensor b = in[2].narrow(0, 1, 64);
+         return r ? ref_linear(in[0], in[1], b) : linear(in[0], in[1], b);
+       }},
+      {"transposed weight",
+       {rand_input({2, 5, 12}), rand_input({12, 20}), rand_input({20})},
+       [](const Inputs& in, bool r) {
+         const Tensor w = in[1].t();
+         return r ? ref_linear(in[0], w, in[2]) : linear(in[0], w, in[2]);
+       }},
+      {"input with a row stride",
+       {rand_input({11, 40}), rand_input({8, 20}), rand_input({8})},
+       [](const Inputs& in, bool r) {
+         const Tensor x = in[0].narrow(1, 10, 20);
+         return r ? ref_linear(x, in[1], in[2]) : linear(x, in[1], in[2]);
+       }},
+      {"K == 0",
+       {rand_input({3, 0}), rand_input({4, 0}), rand_input({4})},
+       [](const Inputs& in, bool r) { return r ? ref_linear(in[0], in[1], in[2]) : linear(in[0], in[1], in[2]); }},
+  };
+  for (const Case& k : cases) {
+    SCOPED_TRACE(k.what);
+    const auto args = k.args;
+    OpCase c{"linear", k.inputs, [args](const Inputs& in) { return args(in, false); }};
+    c.reference = [args](const Inputs& in) { return args(in, true); };
+    c.tolerance = matmul_tolerance(40);
+    check_op(c, device());
   }
 }
 

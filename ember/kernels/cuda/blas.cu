@@ -48,6 +48,17 @@ namespace {
 // (CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_* default), and views start anywhere, so every query states each matrix's real
 // alignment (base address and batch step); the cached plan is keyed on it.
 
+// Note [Bias epilogue]
+// gemm(..., bias) computes out = alpha a @ b + bias with the bias broadcast over rows. In cuBLASLt's column-major
+// terms the bias runs along D's rows (N of them: our columns), which is what CUBLASLT_EPILOGUE_BIAS broadcasts
+// (BIAS_BATCH_STRIDE 0: one vector for every batch); the epilogue adds it in the f32 (f64) compute type before the
+// one rounding to the output type, so the output is written once and never read. It is used for f32, f16 and bf16
+// when K > 0 and the bias is 16-byte aligned: cuBLASLt's alignment preferences cover A, B, C and D but not the bias
+// pointer, so the heuristic may pick a kernel that loads the bias 16 bytes at a time (an unaligned bias then faults:
+// pytorch/pytorch#194497 falls back for the same reason). Otherwise (f64, an unaligned bias, K == 0, or no algorithm
+// for the epilogue) out is filled with the bias rows and the product accumulated with beta = 1: the bias is then
+// C's term, added in the compute type before the same one rounding, at the cost of one more pass over out.
+
 constexpr uint64_t kWorkspaceLimit = uint64_t{32} << 20;  // bytes of cuBLASLt workspace an algorithm may ask for
 constexpr int64_t kMaxBatchPerCall = 63 * 1024;  // batches per cublasLtMatmul call (below the 65535 grid limit)
 constexpr size_t kMaxCachedPlans = 4096;         // heuristic results kept before the cache starts over
@@ -61,6 +72,13 @@ memory::StreamId stream_id(cudaStream_t s) { return static_cast<memory::StreamId
 template <class Word>
 __global__ void pack_kernel(const Word* src, Word* dst, int64_t n, OffsetCalculator<1> calc) {
   for (int64_t i = grid_stride_begin(); i < n; i += grid_stride_step()) dst[i] = src[calc.get(i).v[0]];
+}
+
+// The i-th element (row-major order over [batch, rows, N]) of the strided output = row[i % N]: the bias rows (Note
+// [Bias epilogue]); Word copies every dtype bit for bit, like pack_kernel.
+template <class Word>
+__global__ void fill_rows_kernel(const Word* row, Word* dst, int64_t n, int64_t N, OffsetCalculator<1> calc) {
+  for (int64_t i = grid_stride_begin(); i < n; i += grid_stride_step()) dst[calc.get(i).v[0]] = row[i % N];
 }
 
 // out = beta * out over the strided [batch, M, N] output (K == 0: the product term is empty); beta == 0 stores zeros
@@ -107,6 +125,36 @@ Tensor pack_operand(DType dtype, int64_t copies, int64_t rows, int64_t cols, con
       throw_unsupported_dtype("gemm", dtype);
   }
   return packed;
+}
+
+template <class Word>
+void launch_fill_rows(const void* row, void* out, int64_t n, int64_t N, const OffsetCalculator<1>& calc, int device,
+                      cudaStream_t stream) {
+  fill_rows_kernel<Word><<<grid_for(n, device), kElementwiseThreads, 0, stream>>>(static_cast<const Word*>(row),
+                                                                                  static_cast<Word*>(out), n, N, calc);
+  EMBER_CUDA_LAUNCH_CHECK();
+}
+
+// Every row of the strided [batch, M, N] output = the N elements at `row` (the bias rows, Note [Bias epilogue]).
+void fill_rows(DType dtype, int64_t batch, int64_t M, int64_t N, const void* row, void* out, int64_t out_batch_stride,
+               int64_t ldo, int device, cudaStream_t stream) {
+  const Shape sizes{batch, M, N};
+  const Shape strides{out_batch_stride, ldo, 1};
+  const auto calc = make_offset_calculator<1>(sizes, {&strides}, "gemm");
+  const int64_t n = batch * M * N;
+  switch (itemsize(dtype)) {
+    case 2:
+      launch_fill_rows<uint16_t>(row, out, n, N, calc, device, stream);
+      break;
+    case 4:
+      launch_fill_rows<uint32_t>(row, out, n, N, calc, device, stream);
+      break;
+    case 8:
+      launch_fill_rows<uint64_t>(row, out, n, N, calc, device, stream);
+      break;
+    default:
+      throw_unsupported_dtype("gemm", dtype);
+  }
 }
 
 // out = beta * out for K == 0 (zeros when beta == 0).
@@ -226,12 +274,14 @@ struct PlanKey {
   int64_t lda = 0, ldb = 0, ldd = 0;
   int64_t stride_a = 0, stride_b = 0, stride_d = 0;
   uint32_t align_a = 0, align_b = 0, align_d = 0;
+  bool bias = false;  // CUBLASLT_EPILOGUE_BIAS (Note [Bias epilogue])
   auto operator<=>(const PlanKey&) const = default;
 };
 
 struct Plan {
   cublasLtMatmulAlgo_t algo;
   size_t workspace = 0;
+  bool found = true;  // false: no algorithm for a bias epilogue (cached too; the caller falls back)
 };
 
 std::mutex& plan_mutex() {
@@ -274,7 +324,16 @@ Plan find_plan(const PlanKey& key, cublasLtHandle_t handle, cublasLtMatmulDesc_t
   cublasLtMatmulHeuristicResult_t result{};
   int count = 0;
   const cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(handle, desc, a, b, d, d, raw, 1, &result, &count);
-  if (status != CUBLAS_STATUS_SUCCESS || count < 1 || result.state != CUBLAS_STATUS_SUCCESS) {
+  const bool found = status == CUBLAS_STATUS_SUCCESS && count >= 1 && result.state == CUBLAS_STATUS_SUCCESS;
+  if (!found && key.bias) {  // Note [Bias epilogue]: the caller fills the bias rows and accumulates instead
+    Plan none{};
+    none.found = false;
+    std::lock_guard<std::mutex> lock(plan_mutex());
+    if (plan_cache().size() >= kMaxCachedPlans) plan_cache().clear();
+    plan_cache().emplace(key, none);
+    return none;
+  }
+  if (!found) {
     EMBER_THROW(BackendError, "gemm: cuBLASLt has no algorithm for ", dtype_name(static_cast<DType>(key.dtype)),
                 " batch ", key.batch, " (m, n, k) = (", key.m, ", ", key.n, ", ", key.k, "), op(A) ",
                 key.trans_a ? "T" : "N", " lda ", key.lda, ", op(B) ", key.trans_b ? "T" : "N", " ldb ", key.ldb,
@@ -293,10 +352,12 @@ Plan find_plan(const PlanKey& key, cublasLtHandle_t handle, cublasLtMatmulDesc_t
 
 // ---- the cuBLASLt product ---------------------------------------------------------------------------------------
 
-// One cublasLtMatmul over `batch` (<= kMaxBatchPerCall) batches: out = alpha * a @ b + beta * out, operands prepared.
-void lt_matmul(DType dtype, int32_t batch, int64_t M, int64_t N, int64_t K, const Operand& a, const Operand& b,
+// One cublasLtMatmul over `batch` (<= kMaxBatchPerCall) batches: out = alpha * a @ b + beta * out, operands prepared,
+// plus the bias rows through the epilogue when bias is given (Note [Bias epilogue]). Returns false, having enqueued
+// nothing, when cuBLASLt has no algorithm for the bias epilogue.
+bool lt_matmul(DType dtype, int32_t batch, int64_t M, int64_t N, int64_t K, const Operand& a, const Operand& b,
                void* out, int64_t out_batch_stride, int64_t ldo, double alpha, double beta, int device,
-               cudaStream_t stream) {
+               cudaStream_t stream, const void* bias) {
   const cudaDataType_t type = cuda_data_type(dtype);
   const bool f64 = dtype == DType::f64;
   const bool half = dtype == DType::f16 || dtype == DType::bf16;
@@ -311,6 +372,19 @@ void lt_matmul(DType dtype, int32_t batch, int64_t M, int64_t N, int64_t K, cons
   const cublasOperation_t trans_b = a.col_major ? CUBLAS_OP_T : CUBLAS_OP_N;
   EMBER_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(raw_desc, CUBLASLT_MATMUL_DESC_TRANSA, &trans_a, sizeof(trans_a)));
   EMBER_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(raw_desc, CUBLASLT_MATMUL_DESC_TRANSB, &trans_b, sizeof(trans_b)));
+  if (bias != nullptr) {  // Note [Bias epilogue]: along D's N rows, one vector for every batch, in D's dtype
+    const cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BIAS;
+    const int64_t bias_batch_stride = 0;
+    const int32_t bias_type = type;
+    EMBER_CUBLAS_CHECK(
+        cublasLtMatmulDescSetAttribute(raw_desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue)));
+    EMBER_CUBLAS_CHECK(
+        cublasLtMatmulDescSetAttribute(raw_desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
+    EMBER_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(raw_desc, CUBLASLT_MATMUL_DESC_BIAS_BATCH_STRIDE,
+                                                      &bias_batch_stride, sizeof(bias_batch_stride)));
+    EMBER_CUBLAS_CHECK(
+        cublasLtMatmulDescSetAttribute(raw_desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type, sizeof(bias_type)));
+  }
 
   const Layout la = b.col_major ? make_layout(type, K, N, b.ld, batch, b.batch_stride)
                                 : make_layout(type, N, K, b.ld, batch, b.batch_stride);
@@ -336,8 +410,10 @@ void lt_matmul(DType dtype, int32_t batch, int64_t M, int64_t N, int64_t K, cons
   key.align_a = alignment_bytes(b.data, b.batch_stride * item);
   key.align_b = alignment_bytes(a.data, a.batch_stride * item);
   key.align_d = alignment_bytes(out, out_batch_stride * item);
+  key.bias = bias != nullptr;
   const cublasLtHandle_t handle = lt_handle(device);
   const Plan plan = find_plan(key, handle, raw_desc, la.get(), lb.get(), ld.get(), half);
+  if (!plan.found) return false;
 
   // The workspace returns to the allocator's pool for `stream` when this function ends; work queued later on the
   // same stream runs after this product, so the bytes are not reused under it.
@@ -353,6 +429,7 @@ void lt_matmul(DType dtype, int32_t batch, int64_t M, int64_t N, int64_t K, cons
   const void* beta_p = f64 ? static_cast<const void*>(&beta) : static_cast<const void*>(&beta_f);
   EMBER_CUBLAS_CHECK(cublasLtMatmul(handle, raw_desc, alpha_p, b.data, la.get(), a.data, lb.get(), beta_p, out,
                                     ld.get(), out, ld.get(), &plan.algo, ws_ptr, plan.workspace, stream));
+  return true;
 }
 
 // Operand m of `rows` x `cols` per batch is a dense contiguous [batch, rows, cols] tensor (size-1 dims take any
@@ -391,8 +468,8 @@ GemmStrategy gemm_strategy() {
 void set_gemm_strategy(GemmStrategy s) { g_strategy.store(static_cast<int>(s), std::memory_order_release); }
 
 void gemm(DType dtype, int64_t batch, int64_t M, int64_t N, int64_t K, const MatrixRef& a, const MatrixRef& b,
-          void* out, int64_t out_batch_stride, int64_t ldo, double alpha, double beta, int device,
-          cudaStream_t stream) {
+          void* out, int64_t out_batch_stride, int64_t ldo, double alpha, double beta, int device, cudaStream_t stream,
+          const void* bias) {
   EMBER_CHECK(dtype == DType::f32 || dtype == DType::f64 || dtype == DType::f16 || dtype == DType::bf16, DTypeError,
               "gemm: expects f32, f64, f16 or bf16, got ", dtype_name(dtype));
   EMBER_CHECK(batch >= 0 && M >= 0 && N >= 0 && K >= 0, ShapeError, "gemm: negative size in batch ", batch,
@@ -403,12 +480,20 @@ void gemm(DType dtype, int64_t batch, int64_t M, int64_t N, int64_t K, const Mat
   EMBER_CHECK(ldo >= N, ValueError, "gemm: output leading dimension ", ldo, " is smaller than N = ", N);
   EMBER_CHECK(batch == 1 || out_batch_stride >= (M - 1) * ldo + N, ValueError, "gemm: output batch stride ",
               out_batch_stride, " makes the ", batch, " outputs of ", M, " x ", N, " (ldo ", ldo, ") overlap");
+  EMBER_CHECK(bias == nullptr || beta == 0.0, ValueError, "gemm: a bias requires beta == 0, got beta ", beta);
+  // Note [Bias epilogue]: where the epilogue does not apply, out starts as the bias rows and accumulates (beta 1).
+  const bool bias_epilogue = bias != nullptr && K > 0 && dtype != DType::f64 && alignment_bytes(bias, 0) >= 16;
+  if (bias != nullptr && !bias_epilogue) {
+    fill_rows(dtype, batch, M, N, bias, out, out_batch_stride, ldo, device, stream);
+    bias = nullptr;
+    beta = 1.0;
+  }
   if (K == 0) {  // an empty sum: out = beta * out (zeros when beta == 0, untouched when beta == 1)
     if (beta != 1.0) scale_output(dtype, batch, M, N, out, out_batch_stride, ldo, beta, device, stream);
     return;
   }
-  if (gemm_strategy() == GemmStrategy::TensorCore && (dtype == DType::f16 || dtype == DType::bf16) && alpha == 1.0 &&
-      beta == 0.0 && dense_row_major(a, batch, M, K) && dense_row_major(b, batch, K, N) && ldo == N &&
+  if (bias == nullptr && gemm_strategy() == GemmStrategy::TensorCore && (dtype == DType::f16 || dtype == DType::bf16) &&
+      alpha == 1.0 && beta == 0.0 && dense_row_major(a, batch, M, K) && dense_row_major(b, batch, K, N) && ldo == N &&
       (batch == 1 || out_batch_stride == M * N)) {
     tensor_core_gemm(dtype, batch, M, N, K, a.data, b.data, out, stream);
     return;
@@ -425,7 +510,13 @@ void gemm(DType dtype, int64_t batch, int64_t M, int64_t N, int64_t K, const Mat
     ca.data = static_cast<const char*>(pa.data) + b0 * pa.batch_stride * item;
     cb.data = static_cast<const char*>(pb.data) + b0 * pb.batch_stride * item;
     void* co = static_cast<char*>(out) + b0 * out_batch_stride * item;
-    lt_matmul(dtype, static_cast<int32_t>(n), M, N, K, ca, cb, co, out_batch_stride, ldo, alpha, beta, device, stream);
+    if (!lt_matmul(dtype, static_cast<int32_t>(n), M, N, K, ca, cb, co, out_batch_stride, ldo, alpha, beta, device,
+                   stream, bias)) {
+      // No algorithm for the bias epilogue (nothing enqueued for this call yet): the bias rows, then accumulate.
+      fill_rows(dtype, n, M, N, bias, co, out_batch_stride, ldo, device, stream);
+      lt_matmul(dtype, static_cast<int32_t>(n), M, N, K, ca, cb, co, out_batch_stride, ldo, alpha, 1.0, device, stream,
+                nullptr);
+    }
   }
 }
 

@@ -33,8 +33,12 @@ void set_gemm_strategy(GemmStrategy s);
 // broadcast row or column, a negative batch stride) it is packed into a contiguous copy first (Note [GEMM through
 // cuBLASLt] in blas.cu). beta == 0 means out is not read (it may hold NaN); K == 0 gives out = beta * out. Batches of
 // out must not overlap (ValueError). `device` is current; scratch comes from the allocator for `stream`.
+// bias (optional): N contiguous elements of dtype added to every row of every out[b], out = alpha a @ bm + bias;
+// requires beta == 0 (ValueError). It goes into cuBLASLt's bias epilogue where one applies, else out is filled with
+// the bias rows and the product accumulated (Note [Bias epilogue] in blas.cu); either way the sum is rounded once.
 void gemm(DType dtype, int64_t batch, int64_t M, int64_t N, int64_t K, const MatrixRef& a, const MatrixRef& b,
-          void* out, int64_t out_batch_stride, int64_t ldo, double alpha, double beta, int device, cudaStream_t stream);
+          void* out, int64_t out_batch_stride, int64_t ldo, double alpha, double beta, int device, cudaStream_t stream,
+          const void* bias = nullptr);
 
 // The hand-written tensor-core GEMM (mma.sync, f16/bf16 in, f32 accumulate): out[b] = a[b] @ bm[b] for contiguous
 // row-major a [batch, M, K], b [batch, K, N] and out [batch, M, N] (batch strides M*K, K*N, M*N; any M, N, K >= 1).

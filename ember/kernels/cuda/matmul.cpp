@@ -1,5 +1,6 @@
-// The CUDA kernel of the `bmm` stub: out[b] = a[b] @ bm[b] (+= when accumulating: beta 1) for a [B, M, K], bm [B, K, N]
-// with any strides (batch stride 0 where a side broadcasts) into the contiguous out [B, M, N], through gemm() (blas.h).
+// The CUDA kernels of the `bmm` and `linear_bias` stubs, through gemm() (blas.h). bmm: out[b] = a[b] @ bm[b] (+= when
+// accumulating: beta 1) for a [B, M, K], bm [B, K, N] with any strides (batch stride 0 where a side broadcasts) into
+// the contiguous out [B, M, N].
 // Invariant: the operands reach gemm() as the views they are; gemm() decides per operand whether cuBLASLt reads it
 // in place or from a packed copy (Note [GEMM through cuBLASLt] in blas.cu), and K == 0 yields zeros.
 #include "ember/kernels/cuda/blas.h"
@@ -45,8 +46,42 @@ void bmm_cuda(const Tensor& a, const Tensor& b, const Tensor& out, bool accumula
                       device.index, stream);
 }
 
+// The CUDA kernel of the `linear_bias` stub: out [rows, out] = x [rows, in] @ weight^T + bias, the bias added in
+// cuBLASLt's epilogue (Note [Bias epilogue] in blas.cu); x and weight are read as the views they are.
+void linear_bias_cuda(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& out) {
+  const Device device = out.device();
+  EMBER_CHECK(device.is_cuda(), DeviceError, "linear: the CUDA kernel got ", out.description());
+  check_on_device(x, device);
+  check_on_device(weight, device);
+  check_on_device(bias, device);
+  const DType dt = out.dtype();
+  EMBER_CHECK(dt == DType::f32 || dt == DType::f64 || dt == DType::f16 || dt == DType::bf16, DTypeError,
+              "linear: expects a floating dtype, got ", out.description());
+  EMBER_CHECK(x.dtype() == dt && weight.dtype() == dt && bias.dtype() == dt, DTypeError, "linear: ", x.description(),
+              ", ", weight.description(), " and ", bias.description(), " must have the output's dtype (",
+              out.description(), ")");
+  EMBER_CHECK(x.dim() == 2 && weight.dim() == 2 && bias.dim() == 1 && out.dim() == 2, ShapeError,
+              "linear: expects x [rows, in], weight [out, in], bias [out] -> [rows, out], got ", x.description(), ", ",
+              weight.description(), ", ", bias.description(), " and ", out.description());
+  const int64_t M = x.size(0), K = x.size(1), N = weight.size(0);
+  EMBER_CHECK(weight.size(1) == K && bias.size(0) == N && out.size(0) == M && out.size(1) == N, ShapeError,
+              "linear: shapes x ", shape_str(x.sizes()), ", weight ", shape_str(weight.sizes()), ", bias ",
+              shape_str(bias.sizes()), " -> ", shape_str(out.sizes()), " do not match");
+  EMBER_CHECK(out.is_contiguous() && bias.is_contiguous(), ValueError, "linear: the output ", out.description(),
+              " and the bias ", bias.description(), " must be contiguous");
+  if (out.numel() == 0) return;
+  DeviceGuard guard(device.index);
+  const cudaStream_t stream = ::ember::cuda::current_stream(device.index).get();
+  // weight^T [in, out]: element (k, n) is weight (n, k).
+  const MatrixRef rx{x.raw_data(), 0, x.stride(0), x.stride(1)};
+  const MatrixRef rw{weight.raw_data(), 0, weight.stride(1), weight.stride(0)};
+  ::ember::cuda::gemm(dt, 1, M, N, K, rx, rw, out.raw_data(), M * N, N, /*alpha=*/1.0, /*beta=*/0.0, device.index,
+                      stream, bias.raw_data());
+}
+
 }  // namespace
 
 EMBER_REGISTER_KERNEL(bmm, DeviceType::CUDA, bmm_cuda);
+EMBER_REGISTER_KERNEL(linear_bias, DeviceType::CUDA, linear_bias_cuda);
 
 }  // namespace ember::kernels::cuda
