@@ -1,6 +1,7 @@
 # Multi-process backends of dist/ (DESIGN.md §8: real engines only): MPI (OpenMPI from the system packages) for CPU
-# tensors and bootstrap, NCCL for CUDA tensors. Both optional: sets EMBER_WITH_MPI, and EMBER_WITH_NCCL (CUDA builds
-# with MPI only, since the NCCL communicator is bootstrapped over MPI). -DEMBER_MPI=OFF builds without them.
+# tensors and bootstrap, NCCL for CUDA tensors. Both optional: sets EMBER_WITH_MPI, and EMBER_WITH_NCCL (CUDA builds;
+# without MPI to bootstrap it, NCCL serves a launch of one process: Note [NCCL without MPI] in dist/process_group.cpp).
+# -DEMBER_MPI=OFF builds without MPI.
 option(EMBER_MPI "Build the MPI (and NCCL) ProcessGroup backends of dist/ when MPI is found" ON)
 set(EMBER_WITH_MPI OFF)
 set(EMBER_WITH_NCCL OFF)
@@ -15,7 +16,7 @@ if(EMBER_MPI)
     message(STATUS "ember: MPI not found: dist/ builds without a multi-process backend (is_available() is false)")
   endif()
 endif()
-if(EMBER_WITH_MPI AND EMBER_WITH_CUDA)
+if(EMBER_WITH_CUDA)
   find_path(NCCL_INCLUDE_DIR nccl.h HINTS ${CUDAToolkit_INCLUDE_DIRS} $ENV{NCCL_ROOT}/include ${NCCL_ROOT}/include)
   find_library(NCCL_LIBRARY NAMES nccl libnccl.so.2
                HINTS ${CUDAToolkit_LIBRARY_DIR} ${CUDAToolkit_LIBRARY_ROOT}/lib $ENV{NCCL_ROOT}/lib ${NCCL_ROOT}/lib)

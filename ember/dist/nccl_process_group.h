@@ -1,5 +1,6 @@
 // The NCCL backend of ProcessGroup (CUDA tensors): one communicator per group on this rank's GPU, its own CUDA stream,
-// bootstrapped by broadcasting the ncclUniqueId over an MPI group. Compiled only in a CUDA build that found NCCL
+// bootstrapped by broadcasting the ncclUniqueId over a bootstrap group (MPI, or one process alone: Note [NCCL without
+// MPI] in process_group.cpp). Compiled only in a CUDA build that found NCCL
 // (EMBER_WITH_NCCL; the implementation is cuda_nccl_process_group.cpp). Invariant: collectives run on the group's
 // stream after the work already queued on the default stream, and Work::wait() orders later default-stream work after
 // them.

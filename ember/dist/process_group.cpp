@@ -61,6 +61,44 @@ int env_int(const char* const* names, int fallback) {
 
 WorkPtr completed_work() { return std::make_shared<CompletedWork>(); }
 
+// Note [NCCL without MPI]
+// NCCL needs every rank to share one ncclUniqueId, which ember sends over MPI. A launch of one process needs no
+// exchange: rank 0 makes the id and is the only rank. So a CUDA build that found NCCL but no MPI (the GPU machines
+// this project is checked on carry no OpenMPI) still has the NCCL backend at world size 1 — a real communicator whose
+// collectives run through NCCL on its own stream, which is what DDP and ZeRO-1 use over one GPU — and init(nccl) /
+// new_nccl_group() refuse a larger launch with a ValueError instead of hanging. The bootstrap is then SingleProcess,
+// a group of one whose only use is the id's broadcast (a no-op at size 1).
+#if defined(EMBER_WITH_NCCL)
+namespace {
+class SingleProcess : public ProcessGroup {
+ public:
+  SingleProcess() : ProcessGroup(0, 1) {}
+  std::string backend() const override { return "single-process"; }
+  Device device() const override { return Device::cpu(); }
+  WorkPtr all_reduce(const Tensor&, ReduceOp) override { return completed_work(); }
+  WorkPtr reduce_scatter(const Tensor& output, const Tensor& input, ReduceOp) override {
+    Tensor(output).copy_(input);
+    return completed_work();
+  }
+  WorkPtr all_gather(const Tensor& output, const Tensor& input) override {
+    Tensor(output).copy_(input.reshape(output.sizes()));
+    return completed_work();
+  }
+  WorkPtr broadcast(const Tensor&, int) override { return completed_work(); }
+  WorkPtr barrier() override { return completed_work(); }
+};
+
+// The NCCL group, bootstrapped over `mpi` when given, else over a single process (a one-process launch only).
+std::shared_ptr<ProcessGroup> make_nccl(ProcessGroup* mpi) {
+  if (mpi != nullptr) return detail::make_nccl_process_group(*mpi, local_rank());
+  EMBER_CHECK(world_size() == 1, ValueError, "dist: the NCCL backend without MPI serves a launch of one process, this "
+              "one has ", world_size(), " (build with OpenMPI to bootstrap NCCL across processes)");
+  SingleProcess bootstrap;
+  return detail::make_nccl_process_group(bootstrap, local_rank());
+}
+}  // namespace
+#endif
+
 // Note [Work errors]
 // A collective that fails while in flight (MPI returns an error from MPI_Test, or the completion's copy throws) must
 // neither be reported as success to a later waiter nor polled again (the request is gone). The first failure is kept
@@ -108,6 +146,12 @@ std::shared_ptr<ProcessGroup> init(Backend backend) {
                 g_default->backend(), " already");
     return g_default;
   }
+#if defined(EMBER_WITH_NCCL) && !defined(EMBER_WITH_MPI)
+  if (backend == Backend::Nccl) {  // Note [NCCL without MPI]
+    g_default = make_nccl(nullptr);
+    return g_default;
+  }
+#endif
   EMBER_CHECK(is_available(), ValueError,
               "dist::init: ember was built without MPI (install OpenMPI, e.g. scripts/setup-deps, and reconfigure)");
 #if defined(EMBER_WITH_MPI)
@@ -128,6 +172,23 @@ std::shared_ptr<ProcessGroup> init(Backend backend) {
   }
 #endif
   return g_default;
+}
+
+std::shared_ptr<ProcessGroup> new_nccl_group() {
+  EMBER_CHECK(is_nccl_available(), ValueError, "dist::new_nccl_group: ember was built without NCCL (a CUDA build "
+              "finds it beside the CUDA toolkit, or through NCCL_ROOT)");
+#if defined(EMBER_WITH_NCCL)
+  std::shared_ptr<ProcessGroup> mpi;
+  {
+    std::lock_guard<std::mutex> lock(state_lock());
+    if (g_default && g_default->backend() == "mpi") mpi = g_default;
+  }
+  EMBER_CHECK(mpi != nullptr || world_size() == 1, ValueError, "dist::new_nccl_group: a launch of ", world_size(),
+              " processes bootstraps NCCL over MPI: call dist::init() (the MPI default group) first");
+  return make_nccl(mpi.get());
+#else
+  return nullptr;
+#endif
 }
 
 bool is_initialized() {

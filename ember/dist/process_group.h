@@ -88,7 +88,8 @@ class ProcessGroup {
 WorkPtr completed_work();
 
 // --- the default group ------------------------------------------------------------------------------------------
-// True when ember was built with a multi-process backend (MPI); NCCL additionally needs a CUDA build.
+// is_available: ember was built with MPI (the multi-process backend for CPU tensors and the bootstrap of NCCL).
+// is_nccl_available: a CUDA build found NCCL; without MPI it serves world size 1 only (Note [NCCL without MPI]).
 bool is_available();
 bool is_nccl_available();
 
@@ -96,8 +97,14 @@ enum class Backend : int8_t { Mpi, Nccl };
 // Initialises MPI once (when the program did not itself; Note [MPI threading] in mpi_process_group.cpp) and makes the
 // default group: MPI over CPU tensors, or NCCL over this rank's GPU (cuda:local_rank % device count) bootstrapped
 // over MPI. Returns the default group; a second call returns the existing one (ValueError if it asks for another
-// backend). ValueError when the backend was not built in (is_available()/is_nccl_available()).
+// backend). ValueError when the backend was not built in (is_available()/is_nccl_available()), or for NCCL without
+// MPI when the launch has more than one process.
 std::shared_ptr<ProcessGroup> init(Backend backend = Backend::Mpi);
+// A new NCCL group beside the default one (e.g. NCCL for the CUDA tensors of a program whose default group is MPI),
+// on cuda:(local_rank() % device count). Collective: every rank calls it, in the same order. The ncclUniqueId goes
+// over the default group when it is MPI (init(Backend::Mpi) first); without MPI (or before init) only a launch of
+// one process is served (Note [NCCL without MPI]). ValueError when NCCL was not built in or cannot be bootstrapped.
+std::shared_ptr<ProcessGroup> new_nccl_group();
 bool is_initialized();
 // The group init() made; ValueError before init().
 ProcessGroup& default_group();

@@ -1,6 +1,6 @@
 // Shared by the dist tests: the process group (MPI, initialised once per process; the tests skip on every rank when
-// ember was built without MPI), a group that records what is launched and waited, and small helpers. Run under
-// `mpirun -np N` or alone (world size 1).
+// ember was built without MPI; NCCL over CUDA tensors for the tests that run on both backends), a group that records
+// what is launched and waited, and small helpers. Run under `mpirun -np N` or alone (world size 1).
 #pragma once
 
 #include <gtest/gtest.h>
@@ -8,16 +8,44 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <ostream>
 #include <string>
 #include <vector>
 
 #include "ember/dist/process_group.h"
+#include "ember/memory/cuda_device.h"
 
 namespace ember::testing {
 
 inline std::shared_ptr<dist::ProcessGroup> dist_group() {
   if (!dist::is_available()) return nullptr;
   return dist::init();
+}
+
+// The backends a test runs over: MPI with CPU tensors, NCCL with CUDA tensors.
+enum class DistBackend { Mpi, Nccl };
+inline const char* backend_name(DistBackend b) { return b == DistBackend::Mpi ? "mpi" : "nccl"; }
+inline void PrintTo(DistBackend b, std::ostream* os) { *os << backend_name(b); }  // GoogleTest's parameter names
+
+// Why `backend` cannot run here ("" when it can): not built in, or for NCCL no GPU for every rank.
+inline std::string dist_unavailable(DistBackend backend) {
+  if (backend == DistBackend::Mpi) return dist::is_available() ? "" : "ember was built without MPI (dist::is_available)";
+  if (!dist::is_nccl_available()) return "ember was built without NCCL (dist::is_nccl_available)";
+  if (!memory::cuda::is_available()) return "no CUDA device on this machine";
+  if (dist::world_size() > memory::cuda::device_count()) return "NCCL needs a GPU per rank";
+  return "";
+}
+
+// The group of `backend`: MPI's default group, or one NCCL group per process, made on first use (bootstrapped over the
+// MPI default group where ember has MPI, else a one-process communicator: Note [NCCL without MPI]).
+inline std::shared_ptr<dist::ProcessGroup> dist_group(DistBackend backend) {
+  if (!dist_unavailable(backend).empty()) return nullptr;
+  if (backend == DistBackend::Mpi) return dist::init();
+  static std::shared_ptr<dist::ProcessGroup> nccl = [] {
+    if (dist::is_available()) dist::init();
+    return dist::new_nccl_group();
+  }();
+  return nccl;
 }
 
 // Forwards every collective to `inner` and logs it: "launch all_reduce <numel>" when launched, "wait <k>" when the
@@ -104,3 +132,12 @@ class RecordingGroup : public dist::ProcessGroup {
   auto pg##_ptr = ::ember::testing::dist_group();                                  \
   if (!pg##_ptr) GTEST_SKIP() << "ember was built without MPI (dist::is_available)"; \
   ::ember::dist::ProcessGroup& pg = *pg##_ptr
+
+// Declares `pg` (ProcessGroup&) of `backend` (DistBackend) and `dev`, the device of its tensors, or skips the test on
+// every rank when the backend cannot run here.
+#define EMBER_DIST_GROUP_OF(pg, dev, backend)                                                    \
+  if (const std::string why = ::ember::testing::dist_unavailable(backend); !why.empty())        \
+    GTEST_SKIP() << ::ember::testing::backend_name(backend) << ": " << why;                      \
+  auto pg##_ptr = ::ember::testing::dist_group(backend);                                         \
+  ::ember::dist::ProcessGroup& pg = *pg##_ptr;                                                   \
+  const ::ember::Device dev = pg.device()

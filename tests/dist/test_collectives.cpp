@@ -1,6 +1,6 @@
-// ProcessGroup collectives (MPI backend, CPU tensors) against hand-computed values from rank-dependent inputs, the
-// typed errors raised before anything is launched, Work's error path and waits from several threads. Correct at any
-// world size.
+// ProcessGroup collectives against hand-computed values from rank-dependent inputs (MPI over CPU tensors; the dtype
+// cases also NCCL over CUDA tensors), the typed errors raised before anything is launched, Work's error path and
+// waits from several threads. Correct at any world size.
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -8,6 +8,7 @@
 #include <deque>
 #include <stdexcept>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "ember/base/error.h"
@@ -17,12 +18,13 @@
 namespace ember {
 namespace {
 
-class CollectiveDTypes : public ::testing::TestWithParam<DType> {};
+// Every backend (MPI over CPU tensors, NCCL over CUDA tensors) and floating dtype.
+class CollectiveDTypes : public ::testing::TestWithParam<std::tuple<testing::DistBackend, DType>> {};
 
 // rank r holds (r + 1) * (i + 1): the sum over ranks is (i + 1) * n(n+1)/2 — small integers, exact in every dtype.
 TEST_P(CollectiveDTypes, AllReduceSumAndAvg) {
-  EMBER_DIST_GROUP(pg);
-  const DType dt = GetParam();
+  EMBER_DIST_GROUP_OF(pg, dev, std::get<0>(GetParam()));
+  const DType dt = std::get<1>(GetParam());
   const int n = pg.size(), r = pg.rank();
   const int64_t len = 37;
   for (dist::ReduceOp op : {dist::ReduceOp::Sum, dist::ReduceOp::Avg}) {
@@ -31,7 +33,7 @@ TEST_P(CollectiveDTypes, AllReduceSumAndAvg) {
       mine[i] = (r + 1) * (i + 1);
       expected[i] = (i + 1) * n * (n + 1) / 2.0 / (op == dist::ReduceOp::Avg ? n : 1);
     }
-    Tensor t = from_vector(mine, {len}).to(dt);
+    Tensor t = from_vector(mine, {len}).to(dt).to(dev);
     auto work = pg.all_reduce(t, op);
     work->wait();
     EXPECT_TRUE(work->is_completed());
@@ -42,15 +44,15 @@ TEST_P(CollectiveDTypes, AllReduceSumAndAvg) {
 
 // input element j of rank q is 100 q + j; rank r's output is chunk r of the sum: 100 n(n-1)/2 + n j.
 TEST_P(CollectiveDTypes, ReduceScatter) {
-  EMBER_DIST_GROUP(pg);
-  const DType dt = GetParam();
+  EMBER_DIST_GROUP_OF(pg, dev, std::get<0>(GetParam()));
+  const DType dt = std::get<1>(GetParam());
   const int n = pg.size(), r = pg.rank();
   const int64_t chunk = 3;
   std::vector<double> in(n * chunk), expected(chunk);
   for (int64_t j = 0; j < n * chunk; ++j) in[j] = 100.0 * r + j;
   for (int64_t k = 0; k < chunk; ++k) expected[k] = 100.0 * n * (n - 1) / 2 + n * (r * chunk + k);
-  Tensor input = from_vector(in, {n * chunk}).to(dt);
-  Tensor output = empty({chunk}, dt);
+  Tensor input = from_vector(in, {n * chunk}).to(dt).to(dev);
+  Tensor output = empty({chunk}, TensorOptions(dt, dev));
   pg.reduce_scatter(output, input, dist::ReduceOp::Sum)->wait();
   EXPECT_TRUE(testing::allclose(output, from_vector(expected, {chunk}), {0.0, 0.0}));
   for (auto& e : expected) e /= n;
@@ -60,24 +62,34 @@ TEST_P(CollectiveDTypes, ReduceScatter) {
 
 // rank q contributes 10 q + k: the output is every rank's input in rank order.
 TEST_P(CollectiveDTypes, AllGatherAndBroadcast) {
-  EMBER_DIST_GROUP(pg);
-  const DType dt = GetParam();
+  EMBER_DIST_GROUP_OF(pg, dev, std::get<0>(GetParam()));
+  const DType dt = std::get<1>(GetParam());
   const int n = pg.size(), r = pg.rank();
   std::vector<double> in(4), expected(4 * n);
   for (int k = 0; k < 4; ++k) in[k] = 10.0 * r + k;
   for (int q = 0; q < n; ++q)
     for (int k = 0; k < 4; ++k) expected[q * 4 + k] = 10.0 * q + k;
-  Tensor output = empty({n, 4}, dt);
-  pg.all_gather(output, from_vector(in, {4}).to(dt))->wait();
+  Tensor output = empty({n, 4}, TensorOptions(dt, dev));
+  pg.all_gather(output, from_vector(in, {4}).to(dt).to(dev))->wait();
   EXPECT_TRUE(testing::allclose(output.reshape({-1}), from_vector(expected, {4 * n}), {0.0, 0.0}));
 
-  Tensor b = full({5}, 1.0 + r, dt);
+  Tensor b = full({5}, 1.0 + r, TensorOptions(dt, dev));
   pg.broadcast(b, n - 1)->wait();
   EXPECT_TRUE(testing::allclose(b, full({5}, static_cast<double>(n), DType::f64), {0.0, 0.0}));
 }
 
-INSTANTIATE_TEST_SUITE_P(Dist, CollectiveDTypes, ::testing::Values(DType::f32, DType::f64, DType::f16, DType::bf16),
-                         [](const auto& info) { return std::string(dtype_name(info.param)); });
+// The NCCL instances are named cuda/...: ctest gives them the label gpu (tests/CMakeLists.txt).
+auto collective_case_name = [](const auto& info) {
+  return std::string(testing::backend_name(std::get<0>(info.param))) + "_" + dtype_name(std::get<1>(info.param));
+};
+INSTANTIATE_TEST_SUITE_P(Dist, CollectiveDTypes,
+                         ::testing::Combine(::testing::Values(testing::DistBackend::Mpi),
+                                            ::testing::Values(DType::f32, DType::f64, DType::f16, DType::bf16)),
+                         collective_case_name);
+INSTANTIATE_TEST_SUITE_P(cuda, CollectiveDTypes,
+                         ::testing::Combine(::testing::Values(testing::DistBackend::Nccl),
+                                            ::testing::Values(DType::f32, DType::f64, DType::f16, DType::bf16)),
+                         collective_case_name);
 
 TEST(DistCollectives, IntegerSumAndBytesGather) {
   EMBER_DIST_GROUP(pg);

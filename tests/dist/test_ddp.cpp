@@ -2,6 +2,7 @@
 // broadcast from rank 0, 5 AdamW steps give bitwise-equal weights on every rank and the weights of one process
 // training on the whole batch; buckets launched during backward and waited at its end; no_sync accumulation and
 // PyTorch's forward-time no_sync rule; zeros for unused parameters; a throw during backward; the shape-mismatch error.
+// The 5-step comparison also runs over NCCL with CUDA tensors.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -44,6 +45,8 @@ void expect_bitwise_equal_across_ranks(dist::ProcessGroup& pg, const std::vector
     Tensor mine = p.detach().contiguous().clone();
     Tensor root = mine.clone();
     pg.broadcast(root, 0)->wait();
+    mine = mine.cpu();  // the bytes are compared on the host (the group's tensors may be CUDA tensors)
+    root = root.cpu();
     EXPECT_EQ(std::memcmp(mine.raw_data(), root.raw_data(), static_cast<size_t>(mine.nbytes())), 0)
         << "rank " << pg.rank() << " differs from rank 0 in " << p.description();
   }
@@ -52,14 +55,17 @@ void expect_bitwise_equal_across_ranks(dist::ProcessGroup& pg, const std::vector
 // Rows [r*B/n, (r+1)*B/n) of the batch.
 Tensor rows_of(const Tensor& t, int r, int n) { return t.narrow(0, r * (t.size(0) / n), t.size(0) / n); }
 
-TEST(Ddp, MlpFiveAdamWStepsMatchOneProcessOnTheWholeBatch) {
-  EMBER_DIST_GROUP(pg);
+// Over MPI with CPU tensors and over NCCL with CUDA tensors (instances named cuda/..., label gpu).
+class DdpBackends : public ::testing::TestWithParam<testing::DistBackend> {};
+
+TEST_P(DdpBackends, MlpFiveAdamWStepsMatchOneProcessOnTheWholeBatch) {
+  EMBER_DIST_GROUP_OF(pg, dev, GetParam());
   const int n = pg.size(), r = pg.rank();
   ASSERT_EQ(kBatch % n, 0);
   // The reference (every rank makes it): rank 0's initial weights (seed 1) and the whole batch.
-  train::StandardTask ref = train::make_standard_task("mlp", Device::cpu(), 1, kBatch);
+  train::StandardTask ref = train::make_standard_task("mlp", dev, 1, kBatch);
   // The DDP model starts from other weights on the other ranks (seed 1 + r): the broadcast must fix that.
-  train::StandardTask task = train::make_standard_task("mlp", Device::cpu(), 1 + r, kBatch);
+  train::StandardTask task = train::make_standard_task("mlp", dev, 1 + r, kBatch);
   dist::DistributedDataParallel ddp(task.model, pg_ptr, {.bucket_cap_bytes = 1 << 20});
   ASSERT_GT(ddp.bucket_assignment().size(), 2u);  // 1 MiB buckets: several, launched in order
   EXPECT_EQ(ddp.bucket_assignment().front().front(),
@@ -88,6 +94,11 @@ TEST(Ddp, MlpFiveAdamWStepsMatchOneProcessOnTheWholeBatch) {
               r, n, rel);
   EXPECT_LT(rel, 1e-5);
 }
+
+INSTANTIATE_TEST_SUITE_P(Dist, DdpBackends, ::testing::Values(testing::DistBackend::Mpi),
+                         [](const auto& info) { return std::string(testing::backend_name(info.param)); });
+INSTANTIATE_TEST_SUITE_P(cuda, DdpBackends, ::testing::Values(testing::DistBackend::Nccl),
+                         [](const auto& info) { return std::string(testing::backend_name(info.param)); });
 
 TEST(Ddp, NoSyncAccumulatesLocallyAndTheNextSyncedBackwardReducesTheSum) {
   EMBER_DIST_GROUP(pg);

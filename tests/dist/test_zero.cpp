@@ -1,6 +1,7 @@
 // ZeRO-1 (ZeroRedundancyOptimizer): the same weights as unsharded AdamW on the same averaged gradients, fp32 and
 // mixed precision (f16 weights, fp32 masters sharded), and optimizer-state bytes per rank ≈ 1/world size of the
-// unsharded optimizer's, measured from the state tensors and from the caching allocator's per-tag bytes.
+// unsharded optimizer's, measured from the state tensors and from the caching allocator's per-tag bytes; over MPI
+// with CPU tensors and over NCCL with CUDA tensors.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -9,7 +10,8 @@
 
 #include "ember/dist/ddp.h"
 #include "ember/dist/zero.h"
-#include "ember/memory/cpu_allocator.h"
+#include "ember/core/storage.h"
+#include "ember/memory/caching_allocator.h"
 #include "ember/memory/tags.h"
 #include "ember/nn/functional.h"
 #include "ember/optim/adam.h"
@@ -25,29 +27,34 @@ constexpr int64_t kBatch = 32;
 
 Tensor rows_of(const Tensor& t, int r, int n) { return t.narrow(0, r * (t.size(0) / n), t.size(0) / n); }
 
-int64_t tag_bytes(const std::string& name) {
+// Bytes the allocator of `device` holds under the tag `name`.
+int64_t tag_bytes(const std::string& name, Device device) {
   const memory::TagId id = memory::intern_tag(name);
-  for (const auto& s : memory::cpu_allocator().tag_stats())
+  auto& allocator = dynamic_cast<memory::CachingAllocator&>(allocator_for(device));
+  for (const auto& s : allocator.tag_stats())
     if (s.tag == id) return s.current;
   return 0;
 }
+
+// Both tests run over MPI with CPU tensors and over NCCL with CUDA tensors (instances named cuda/..., label gpu).
+class ZeroBackends : public ::testing::TestWithParam<testing::DistBackend> {};
 
 std::unique_ptr<optim::Optimizer> make_adamw(std::vector<optim::ParamGroup> groups) {
   return std::make_unique<optim::AdamW>(std::move(groups));
 }
 
-TEST(Zero, Fp32AdamWMatchesUnshardedAdamWAndShardsItsState) {
-  EMBER_DIST_GROUP(pg);
+TEST_P(ZeroBackends, Fp32AdamWMatchesUnshardedAdamWAndShardsItsState) {
+  EMBER_DIST_GROUP_OF(pg, dev, GetParam());
   const int n = pg.size(), r = pg.rank();
   // The same initial weights on every rank (seed 5); the reference is DDP + unsharded AdamW (the same averaged
   // gradients, state for every parameter on every rank).
-  train::StandardTask ref = train::make_standard_task("mlp", Device::cpu(), 5, kBatch);
-  train::StandardTask task = train::make_standard_task("mlp", Device::cpu(), 5, kBatch);
+  train::StandardTask ref = train::make_standard_task("mlp", dev, 5, kBatch);
+  train::StandardTask task = train::make_standard_task("mlp", dev, 5, kBatch);
   dist::DistributedDataParallel ddp(ref.model, pg_ptr);
   optim::AdamW ref_opt(ref.model->parameters());
   dist::ZeroRedundancyOptimizer zero(task.model->parameters(), make_adamw, pg_ptr);
   const Tensor x = rows_of(task.inputs, r, n), y = rows_of(task.targets, r, n);
-  const int64_t before_ref = tag_bytes("unsharded.adamw/optimizer");
+  const int64_t before_ref = tag_bytes("unsharded.adamw/optimizer", dev);
   for (int step = 0; step < 5; ++step) {
     nn::functional::cross_entropy(task.model->forward(x), y).backward();
     EXPECT_TRUE(zero.step());
@@ -69,8 +76,8 @@ TEST(Zero, Fp32AdamWMatchesUnshardedAdamWAndShardsItsState) {
   for (const Tensor& p : ref_params)
     for (const auto& [key, t] : ref_opt.state(p).entries()) ref_state += t.nbytes();
   const double ratio = static_cast<double>(zero.state_bytes()) / static_cast<double>(ref_state);
-  const int64_t ref_tagged = tag_bytes("unsharded.adamw/optimizer") - before_ref;
-  const int64_t zero_tagged = tag_bytes("zero.shard/optimizer");
+  const int64_t ref_tagged = tag_bytes("unsharded.adamw/optimizer", dev) - before_ref;
+  const int64_t zero_tagged = tag_bytes("zero.shard/optimizer", dev);
   std::printf("[rank %d/%d] optimizer state: unsharded %lld B (allocator %lld B), ZeRO-1 %lld B (allocator, shard "
               "included: %lld B), ratio %.4f\n", r, n, static_cast<long long>(ref_state),
               static_cast<long long>(ref_tagged), static_cast<long long>(zero.state_bytes()),
@@ -84,11 +91,11 @@ TEST(Zero, Fp32AdamWMatchesUnshardedAdamWAndShardsItsState) {
 
 // f16 weights, fp32 masters: ZeRO-1 against MixedPrecisionOptimizer(AdamW) on DDP-averaged f16 gradients. Mixed-
 // precision Adam holds 16 bytes per parameter unsharded; ZeRO-1 leaves 4 + 12/N.
-TEST(Zero, MixedPrecisionMatchesTheUnshardedMixedPrecisionOptimizer) {
-  EMBER_DIST_GROUP(pg);
+TEST_P(ZeroBackends, MixedPrecisionMatchesTheUnshardedMixedPrecisionOptimizer) {
+  EMBER_DIST_GROUP_OF(pg, dev, GetParam());
   const int n = pg.size(), r = pg.rank();
-  train::StandardTask ref = train::make_standard_task("mlp", Device::cpu(), 7, kBatch);
-  train::StandardTask task = train::make_standard_task("mlp", Device::cpu(), 7, kBatch);
+  train::StandardTask ref = train::make_standard_task("mlp", dev, 7, kBatch);
+  train::StandardTask task = train::make_standard_task("mlp", dev, 7, kBatch);
   ref.model->to(DType::f16);
   task.model->to(DType::f16);
   dist::DistributedDataParallel ddp(ref.model, pg_ptr);
@@ -144,6 +151,11 @@ TEST(Zero, MixedPrecisionMatchesTheUnshardedMixedPrecisionOptimizer) {
   EXPECT_NEAR(unsharded_state, 12.0, 0.01);
   EXPECT_NEAR(sharded_state, 12.0 / n, 0.01);
 }
+
+INSTANTIATE_TEST_SUITE_P(Dist, ZeroBackends, ::testing::Values(testing::DistBackend::Mpi),
+                         [](const auto& info) { return std::string(testing::backend_name(info.param)); });
+INSTANTIATE_TEST_SUITE_P(cuda, ZeroBackends, ::testing::Values(testing::DistBackend::Nccl),
+                         [](const auto& info) { return std::string(testing::backend_name(info.param)); });
 
 TEST(Zero, TypedErrors) {
   EMBER_DIST_GROUP(pg);
