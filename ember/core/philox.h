@@ -61,13 +61,16 @@ EMBER_HD_INLINE float philox_uniform_element(uint64_t seed, uint64_t offset, uin
   return philox_uniform01(o.v[i % 4]);
 }
 
-// Element i of a standard normal draw (Note [Philox stream]).
-EMBER_HD_INLINE float philox_normal_element(uint64_t seed, uint64_t offset, uint64_t i) {
-  const PhiloxOut o = philox_at(seed, offset + i / 2);
-  const int k = static_cast<int>(i % 2) * 2;
+// The standard normal of lanes (k, k + 1) of a Philox output, k = 0 or 2 (Box-Muller).
+EMBER_HD_INLINE float philox_normal_of(const PhiloxOut& o, int k) {
   const float u1 = static_cast<float>((o.v[k] >> 8) + 1u) * 5.9604644775390625e-8f;  // (0, 1]
   const float u2 = philox_uniform01(o.v[k + 1]);
   return sqrtf(-2.0f * logf(u1)) * cosf(6.2831853071795864769f * u2);
+}
+
+// Element i of a standard normal draw (Note [Philox stream]).
+EMBER_HD_INLINE float philox_normal_element(uint64_t seed, uint64_t offset, uint64_t i) {
+  return philox_normal_of(philox_at(seed, offset + i / 2), static_cast<int>(i % 2) * 2);
 }
 
 // Counters consumed by a draw of n elements.

@@ -8,7 +8,9 @@
 #include <functional>
 #include <vector>
 
+#include "ember/core/generator.h"
 #include "ember/core/parallel.h"
+#include "ember/core/philox.h"
 #include "tests/harness/op_harness.h"
 
 namespace ember::testing {
@@ -103,6 +105,32 @@ TEST(ParallelKernels, ElementwiseSoftmaxLayerNormAndDropout) {
     manual_seed(7);
     return std::vector<Tensor>{ops::dropout(x, 0.3)};
   });
+}
+
+// Note [Random draws in chunks] (kernels/cpu/copy_fill_random.cpp): chunks split at multiples of 4 elements; sizes
+// with tails (a partial last counter) and an odd starting offset (a draw after one of 3 elements) in every dtype.
+TEST(ParallelKernels, RandomDrawsInChunks) {
+  expect_thread_count_invariant("uniform and normal draws", [] {
+    manual_seed(11);
+    std::vector<Tensor> out;
+    for (DType dt : {DType::f32, DType::f64, DType::f16, DType::bf16}) {
+      (void)rand({3}, dt);  // the next draws start 1 counter on: offsets other than 0
+      out.push_back(rand({200003}, dt));
+      out.push_back(randn({100001}, dt));
+      out.push_back(randn({7}, dt));
+    }
+    return out;
+  });
+  // Element i of the draw is the Philox value of (seed, offset, i) (Note [Philox stream]), computed per element.
+  manual_seed(12);
+  const PhiloxState at = default_generator().state();
+  const Tensor u = rand({70001}), z = randn({70001});
+  const std::vector<float> uv = u.to_vector<float>(), zv = z.to_vector<float>();
+  const uint64_t z_offset = at.offset + philox_uniform_counters(70001);
+  for (uint64_t i : {uint64_t{0}, uint64_t{1}, uint64_t{5}, uint64_t{32767}, uint64_t{32768}, uint64_t{70000}}) {
+    EXPECT_EQ(uv[i], philox_uniform_element(at.seed, at.offset, i)) << i;
+    EXPECT_EQ(zv[i], philox_normal_element(at.seed, z_offset, i)) << i;
+  }
 }
 
 TEST(ParallelKernels, ReductionsSplitOverOutputs) {

@@ -1,8 +1,10 @@
 // CPU kernels behind core's stubs: strided copy with dtype cast, fill, arange, and Philox uniform/normal draws.
 // Invariant: every cast and fill value follows Note [Casts] (kernels/convert.h), as the CUDA kernels do.
+#include <algorithm>
 #include <cstring>
 
 #include "ember/core/core_stubs.h"
+#include "ember/core/parallel.h"
 #include "ember/core/philox.h"
 #include "ember/kernels/cpu/loops.h"
 
@@ -43,23 +45,38 @@ void arange_kernel(const Tensor& dst, Scalar start, Scalar step) {
   });
 }
 
+// Note [Random draws in chunks]
+// Element i's value depends only on (seed, offset, i) (Note [Philox stream]), so the draw splits into chunks on the
+// pool's threads with results independent of the thread count. A chunk starts at a multiple of 4 (align), where a
+// counter's lanes begin, and computes each Philox counter once for the 4 uniforms (2 normals) it gives — not once
+// per element — through the same element functions as the CUDA kernel (philox_uniform01, philox_normal_of).
+constexpr int64_t kRandomGrain = int64_t{1} << 15;
+
 void random_kernel(const Tensor& dst, RandomKind kind, double a, double b, uint64_t seed, uint64_t offset) {
   EMBER_DISPATCH_FLOAT(dst.dtype(), "random", [&] {
     scalar_t* p = static_cast<scalar_t*>(dst.raw_data());
     const int64_t n = dst.numel();
     using acc_t = op_math_t<scalar_t>;
-    if (kind == RandomKind::Uniform) {
-      const acc_t low = static_cast<acc_t>(a), high = static_cast<acc_t>(b);
-      for (int64_t i = 0; i < n; ++i) {
-        const acc_t u = static_cast<acc_t>(philox_uniform_element(seed, offset, static_cast<uint64_t>(i)));
-        p[i] = uniform_store<scalar_t>(low + (high - low) * u, low, high);  // Note [Uniform upper bound]
+    const acc_t low = static_cast<acc_t>(a), high = static_cast<acc_t>(b);
+    const acc_t mean = static_cast<acc_t>(a), stddev = static_cast<acc_t>(b);
+    const bool uniform = kind == RandomKind::Uniform;
+    const int64_t per_counter = uniform ? 4 : 2;
+    parallel::parallel_for(n, kRandomGrain, 4, [&](int64_t, int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end;) {
+        const uint64_t counter = static_cast<uint64_t>(i / per_counter);
+        const PhiloxOut o = philox_at(seed, offset + counter);
+        const int64_t stop = std::min(end, (i / per_counter + 1) * per_counter);
+        for (; i < stop; ++i) {
+          const int lane = static_cast<int>(i % per_counter);
+          if (uniform) {
+            const acc_t u = static_cast<acc_t>(philox_uniform01(o.v[lane]));
+            p[i] = uniform_store<scalar_t>(low + (high - low) * u, low, high);  // Note [Uniform upper bound]
+          } else {
+            p[i] = scalar_t(mean + stddev * static_cast<acc_t>(philox_normal_of(o, lane * 2)));
+          }
+        }
       }
-    } else {
-      for (int64_t i = 0; i < n; ++i) {
-        const acc_t z = static_cast<acc_t>(philox_normal_element(seed, offset, static_cast<uint64_t>(i)));
-        p[i] = scalar_t(static_cast<acc_t>(a) + static_cast<acc_t>(b) * z);
-      }
-    }
+    });
   });
 }
 
