@@ -35,6 +35,16 @@ Device::Device(const std::string& spec) {
   EMBER_THROW(ConfigError, "invalid device '", spec, "' (expected cpu, cuda, cuda:N or meta)");
 }
 
+namespace {
+thread_local Device t_default_device = Device::cpu();
+}  // namespace
+
+Device default_device() { return t_default_device; }
+
+DefaultDeviceGuard::DefaultDeviceGuard(Device device) : previous_(t_default_device) { t_default_device = device; }
+
+DefaultDeviceGuard::~DefaultDeviceGuard() { t_default_device = previous_; }
+
 const char* device_type_name(DeviceType t) {
   switch (t) {
     case DeviceType::CPU: return "cpu";

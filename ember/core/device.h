@@ -35,4 +35,20 @@ struct Device {
 const char* device_type_name(DeviceType t);
 inline std::ostream& operator<<(std::ostream& os, const Device& d) { return os << d.str(); }
 
+// The device of tensors made without naming one (TensorOptions{}, TensorOptions(dtype)): cpu, unless a
+// DefaultDeviceGuard on this thread sets another — torch's `with torch.device(...)`. Building a model under
+// DefaultDeviceGuard(Device::meta()) gives parameters with no bytes and no initialisation work (the estimator's
+// models: Note [Models built on meta] in train/bench_train.cpp).
+Device default_device();
+class DefaultDeviceGuard {
+ public:
+  explicit DefaultDeviceGuard(Device device);
+  ~DefaultDeviceGuard();
+  DefaultDeviceGuard(const DefaultDeviceGuard&) = delete;
+  DefaultDeviceGuard& operator=(const DefaultDeviceGuard&) = delete;
+
+ private:
+  Device previous_;
+};
+
 }  // namespace ember

@@ -36,7 +36,7 @@ struct TensorImpl {
 
 struct TensorOptions {
   DType dtype = DType::f32;
-  Device device = Device::cpu();
+  Device device = default_device();  // cpu unless a DefaultDeviceGuard says otherwise (core/device.h)
   TensorOptions() = default;
   TensorOptions(DType d) : dtype(d) {}
   TensorOptions(Device dev) : device(dev) {}

@@ -33,7 +33,8 @@ nn::GPTConfig gpt2_124m();
 
 // ValueError for an unknown name (the message lists the known ones) or a negative batch; batch 0 takes the
 // config's default above. Seeds the default generator with `seed`. The model is made on the host and moved to
-// `device` before the batch is made there (on meta, the batch draws nothing from the generator).
+// `device` before the batch is made there (on meta, the model is made on meta and the batch draws nothing from the
+// generator: Note [Models built on meta] in bench_train.cpp).
 StandardTask make_standard_task(const std::string& name, Device device, uint64_t seed = 0, int64_t batch = 0);
 
 struct BenchTrainOptions {
