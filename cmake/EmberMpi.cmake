@@ -2,7 +2,7 @@
 # tensors and bootstrap, NCCL for CUDA tensors. Both optional: sets EMBER_WITH_MPI, and EMBER_WITH_NCCL (CUDA builds;
 # without MPI to bootstrap it, NCCL serves a launch of one process: Note [NCCL without MPI] in dist/process_group.cpp).
 # -DEMBER_MPI=OFF builds without MPI.
-option(EMBER_MPI "Build the MPI (and NCCL) ProcessGroup backends of dist/ when MPI is found" ON)
+option(EMBER_MPI "Build the MPI ProcessGroup backend of dist/ when MPI is found" ON)
 set(EMBER_WITH_MPI OFF)
 set(EMBER_WITH_NCCL OFF)
 if(EMBER_MPI)

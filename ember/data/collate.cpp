@@ -26,7 +26,7 @@ Tensor stack_field(const std::vector<Example>& examples, Tensor Example::*field,
   }
   Shape shape = first.sizes();
   shape.insert(shape.begin(), static_cast<int64_t>(examples.size()));
-  Tensor out = pinned ? empty_pinned(shape, first.dtype()) : empty(shape, TensorOptions(first.dtype()));
+  Tensor out = pinned ? empty_pinned(shape, first.dtype()) : empty(shape, TensorOptions(first.dtype(), Device::cpu()));
   const int64_t row_bytes = first.nbytes();
   char* dst = static_cast<char*>(out.raw_data());
   NoGradGuard no_grad;

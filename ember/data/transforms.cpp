@@ -108,10 +108,10 @@ Tensor pad_constant(const Tensor& x, int64_t left, int64_t top, int64_t right, i
               "pad_constant: paddings must be >= 0, got left ", left, ", top ", top, ", right ", right, ", bottom ",
               bottom);
   const int64_t oh = g.h + top + bottom, ow = g.w + left + right;
-  Tensor out = empty(image_shape(x, oh, ow), TensorOptions(x.dtype()));
+  Tensor out = empty(image_shape(x, oh, ow), TensorOptions(x.dtype(), Device::cpu()));
   if (out.numel() == 0) return out;
   // The fill value in the output's dtype, converted as fill_ converts a Scalar.
-  const Tensor fill_value = full({}, Scalar(fill), TensorOptions(x.dtype()));
+  const Tensor fill_value = full({}, Scalar(fill), TensorOptions(x.dtype(), Device::cpu()));
   const int64_t isz = x.itemsize();
   char* dst = bytes_of_mut(out);
   const int64_t n = out.numel();
@@ -137,7 +137,7 @@ Tensor crop(const Tensor& x, int64_t top, int64_t left, int64_t h, int64_t w) {
   EMBER_CHECK(h >= 1 && w >= 1, ValueError, "crop: the window size must be >= 1, got ", h, " x ", w);
   EMBER_CHECK(top >= 0 && left >= 0 && top + h <= g.h && left + w <= g.w, IndexError, "crop: window (top ", top,
               ", left ", left, ", ", h, " x ", w, ") leaves the image ", x.description());
-  Tensor out = empty(image_shape(x, h, w), TensorOptions(x.dtype()));
+  Tensor out = empty(image_shape(x, h, w), TensorOptions(x.dtype(), Device::cpu()));
   if (out.numel() == 0) return out;
   const Tensor src = x.contiguous();
   const int64_t isz = x.itemsize();
@@ -156,7 +156,7 @@ Tensor resize_bilinear(const Tensor& x, int64_t h, int64_t w) {
   EMBER_CHECK(is_floating(x.dtype()) || x.dtype() == DType::u8, DTypeError,
               "resize_bilinear: expects a floating or u8 image, got ", x.description());
   EMBER_CHECK(g.h >= 1 && g.w >= 1, ShapeError, "resize_bilinear: cannot resize an empty image ", x.description());
-  Tensor out = empty(image_shape(x, h, w), TensorOptions(x.dtype()));
+  Tensor out = empty(image_shape(x, h, w), TensorOptions(x.dtype(), Device::cpu()));
   if (out.numel() == 0) return out;
   const Tensor src = x.contiguous();
   if (x.dtype() == DType::u8) {
@@ -177,7 +177,7 @@ Tensor resize_bilinear(const Tensor& x, int64_t h, int64_t w) {
 
 Tensor hflip(const Tensor& x) {
   const Geometry g = image_geometry(x, "hflip");
-  Tensor out = empty(x.sizes(), TensorOptions(x.dtype()));
+  Tensor out = empty(x.sizes(), TensorOptions(x.dtype(), Device::cpu()));
   if (out.numel() == 0) return out;
   const Tensor src = x.contiguous();
   const int64_t isz = x.itemsize();
@@ -212,7 +212,7 @@ Tensor ToTensor::operator()(const Tensor& x, Generator& /*rng*/) const {
   EMBER_CHECK(x.dim() == 2 || x.dim() == 3, ShapeError, "ToTensor: expects an image [H, W] or [C, H, W], got ",
               x.description());
   const Shape shape = x.dim() == 2 ? Shape{1, x.size(0), x.size(1)} : x.sizes();
-  Tensor out = empty(shape, TensorOptions(DType::f32));
+  Tensor out = empty(shape, TensorOptions(DType::f32, Device::cpu()));
   if (out.numel() == 0) return out;
   const Tensor src = x.contiguous();
   float* o = out.data<float>();
@@ -250,7 +250,7 @@ Tensor Normalize::operator()(const Tensor& x, Generator& /*rng*/) const {
   };
   per_channel(mean_, "mean");
   per_channel(std_, "std");
-  Tensor out = empty(x.sizes(), TensorOptions(DType::f32));
+  Tensor out = empty(x.sizes(), TensorOptions(DType::f32, Device::cpu()));
   if (out.numel() == 0) return out;
   const Tensor src = x.contiguous();
   const float* s = src.data<float>();

@@ -99,7 +99,7 @@ class NcclProcessGroup : public ProcessGroup {
       : ProcessGroup(bootstrap.rank(), bootstrap.size()), device_(device) {
     ncclUniqueId id;
     if (rank() == 0) EMBER_NCCL_CHECK(ncclGetUniqueId(&id));
-    Tensor bytes = empty({static_cast<int64_t>(sizeof(id))}, DType::u8);
+    Tensor bytes = empty({static_cast<int64_t>(sizeof(id))}, {DType::u8, Device::cpu()});
     if (rank() == 0) std::memcpy(bytes.raw_data(), &id, sizeof(id));
     bootstrap.broadcast(bytes, 0)->wait();
     std::memcpy(&id, bytes.raw_data(), sizeof(id));

@@ -170,7 +170,7 @@ class MpiProcessGroup : public ProcessGroup {
                 input.description(), " must hold size() = ", size(), " chunks of output ", output.description());
     checked_count("reduce_scatter", input.numel());
     Tensor in = is_half(input.dtype()) ? input.to(DType::f32) : input;
-    Tensor out = is_half(output.dtype()) ? empty({output.numel()}, DType::f32) : output;
+    Tensor out = is_half(output.dtype()) ? empty({output.numel()}, {DType::f32, Device::cpu()}) : output;
     const int n = size();
     auto finish = [dst = Tensor(output), out, op, n]() mutable {
       if (op == ReduceOp::Avg) divide_(out, n);

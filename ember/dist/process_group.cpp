@@ -149,6 +149,10 @@ std::shared_ptr<ProcessGroup> init(Backend backend) {
 #if defined(EMBER_WITH_NCCL) && !defined(EMBER_WITH_MPI)
   if (backend == Backend::Nccl) {  // Note [NCCL without MPI]
     g_default = make_nccl(nullptr);
+    if (!g_atexit) {  // the communicator goes while the CUDA runtime is still there
+      std::atexit([] { finalize(); });
+      g_atexit = true;
+    }
     return g_default;
   }
 #endif

@@ -135,9 +135,9 @@ CsrMatrix dense_to_csr(const Tensor& dense2d, std::optional<DType> index_dtype) 
     int64_t nnz = 0;
     for (int64_t i = 0; i < total; ++i) nnz += kernels::convert<bool>(src[i]);  // x != 0; NaN counts (Note [Casts])
     const DType rp = nnz <= std::numeric_limits<int32_t>::max() ? DType::i32 : DType::i64;
-    m.values = empty({nnz}, {host.dtype()});
-    m.col_indices = empty({nnz}, {idx});
-    m.row_ptr = empty({rows + 1}, {rp});
+    m.values = empty({nnz}, {host.dtype(), Device::cpu()});
+    m.col_indices = empty({nnz}, {idx, Device::cpu()});
+    m.row_ptr = empty({rows + 1}, {rp, Device::cpu()});
     scalar_t* vals = static_cast<scalar_t*>(m.values.raw_data());
     EMBER_DISPATCH_INDEX(rp, op, [&] {
       using P = scalar_t;
@@ -198,7 +198,7 @@ Tensor csr_to_dense(const CsrMatrix& m) {
   const std::vector<int64_t> rp = m.row_ptr.to_vector<int64_t>();
   const std::vector<int64_t> ci = m.col_indices.to_vector<int64_t>();
   const Tensor vals = m.values.cpu().contiguous();
-  Tensor out = zeros({m.rows, m.cols}, {m.values.dtype()});
+  Tensor out = zeros({m.rows, m.cols}, {m.values.dtype(), Device::cpu()});
   EMBER_DISPATCH_FLOAT(vals.dtype(), op, [&] {
     const scalar_t* v = static_cast<const scalar_t*>(vals.raw_data());
     scalar_t* o = static_cast<scalar_t*>(out.raw_data());

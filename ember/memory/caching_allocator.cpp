@@ -182,7 +182,14 @@ inline void* CachingAllocator::Impl::allocate(int64_t nbytes, StreamId stream) {
   note_active_peak();
   for (auto& w : peak_windows) w.second = std::max(w.second, stats.allocated_bytes[kAggregatePool].current);
   record(TraceAction::Alloc, b->id, nbytes, b->size, b->ptr, stream, b->tag);
-  if (poison_allocations()) backing.fill(b->ptr, nbytes, kPoisonByte, stream);
+  if (poison_allocations()) {
+    try {
+      backing.fill(b->ptr, nbytes, kPoisonByte, stream);
+    } catch (...) {  // the block goes back, so a failed fill loses nothing
+      deallocate(b->ptr);
+      throw;
+    }
+  }
   return b->ptr;
 }
 

@@ -164,7 +164,7 @@ void select(std::vector<Target>& targets, const PruneAmount& amount) {
 // Writes the new mask (registering the buffer and the hook on first pruning) and zeroes the pruned elements.
 void apply(Target& t) {
   const int64_t n = t.param.numel();
-  Tensor keep = empty({n}, {DType::b8});
+  Tensor keep = empty({n}, {DType::b8, Device::cpu()});
   bool* k = static_cast<bool*>(keep.raw_data());
   for (int64_t i = 0; i < n; ++i) k[i] = t.keep[static_cast<size_t>(i)] != 0;
   const Tensor packed = ops::pack_mask(keep).to(t.param.device());

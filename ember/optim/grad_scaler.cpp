@@ -44,7 +44,7 @@ void check_scaler_options(const char* who, const GradScalerOptions& o) {
 
 StateDict scaler_state_dict(double scale, int64_t growth_tracker, const GradScalerOptions& o,
                             const std::string& prefix) {
-  auto value = [](double v) { return scalar_tensor(v, TensorOptions(DType::f64)); };
+  auto value = [](double v) { return scalar_tensor(v, TensorOptions(DType::f64, Device::cpu())); };
   return {{prefix + "scale", value(scale)},
           {prefix + "growth_factor", value(o.growth_factor)},
           {prefix + "backoff_factor", value(o.backoff_factor)},

@@ -146,7 +146,7 @@ StateDict Optimizer::state_dict() const {
     const int64_t n = static_cast<int64_t>(indices.size());
     out.emplace_back(prefix + "params", from_vector<int64_t>(indices, {n}));
     for (const auto& [name, value] : groups_[g].options.entries())
-      out.emplace_back(prefix + name, scalar_tensor(value, TensorOptions(DType::f64)));
+      out.emplace_back(prefix + name, scalar_tensor(value, TensorOptions(DType::f64, Device::cpu())));
   }
   return out;
 }

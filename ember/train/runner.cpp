@@ -555,7 +555,7 @@ RunResult TrainRunner::run() {
       EMBER_CHECK(!s.ddp->in_iteration(), ValueError, "--ddp: a parameter of ", o.model,
                   " got no gradient, so the reduction did not complete before the optimizer step");
       // The job's loss and rows: the mean of the ranks' losses (equal shards) and every rank's samples.
-      Tensor l = full({1}, sr.loss, DType::f64);
+      Tensor l = full({1}, sr.loss, {DType::f64, Device::cpu()});
       s.group->all_reduce(l, dist::ReduceOp::Avg)->wait();
       sr.loss = l.item_double();
       sr.samples *= s.world;

@@ -32,7 +32,8 @@ inline std::string dist_unavailable(DistBackend backend) {
   if (backend == DistBackend::Mpi) return dist::is_available() ? "" : "ember was built without MPI (dist::is_available)";
   if (!dist::is_nccl_available()) return "ember was built without NCCL (dist::is_nccl_available)";
   if (!memory::cuda::is_available()) return "no CUDA device on this machine";
-  if (dist::world_size() > memory::cuda::device_count()) return "NCCL needs a GPU per rank";
+  if (!dist::is_available() && dist::world_size() > 1) return "NCCL without MPI serves a launch of one process";
+  if (dist::world_size() > memory::cuda::device_count()) return "NCCL needs a GPU per rank (on one host)";
   return "";
 }
 

@@ -5,6 +5,9 @@
 #include <vector>
 
 #include "ember/memory/cpu_allocator.h"
+#if defined(EMBER_WITH_CUDA)
+#include "ember/kernels/cuda/blas.h"
+#endif
 #include "tests/harness/op_harness.h"
 
 namespace ember::testing {
@@ -398,6 +401,23 @@ TEST_P(MatmulTest, LinearBiasEveryPath) {
     c.tolerance = matmul_tolerance(40);
     check_op(c, device());
   }
+#if defined(EMBER_WITH_CUDA)
+  // The results are the same on both CUDA paths, so which one ran is read off the fallback counter: a fresh bias
+  // (aligned) with sizes in multiples of 8 goes through the epilogue in f32, f16 and bf16; f64 and a bias one element
+  // into its storage take the fallback.
+  if (device().is_cuda()) {
+    for (DType dt : {DType::f32, DType::f16, DType::bf16, DType::f64}) {
+      SCOPED_TRACE(dtype_name(dt));
+      const TensorOptions o(dt, device());
+      const Tensor x = randn({32, 48}, o), w = randn({64, 48}, o), b = randn({64}, o), b1 = randn({65}, o);
+      const int64_t before = cuda::gemm_bias_fallbacks();
+      (void)linear(x, w, b);
+      EXPECT_EQ(cuda::gemm_bias_fallbacks() - before, dt == DType::f64 ? 1 : 0) << "a fresh bias";
+      (void)linear(x, w, b1.narrow(0, 1, 64));
+      EXPECT_EQ(cuda::gemm_bias_fallbacks() - before, dt == DType::f64 ? 2 : 1) << "a bias one element in";
+    }
+  }
+#endif
 }
 
 EMBER_INSTANTIATE_DEVICE_TESTS(MatmulTest);

@@ -41,8 +41,8 @@ void csr_linear_loops(const Tensor& x, const Tensor& values, const Tensor& col_i
     }
     return;
   }
-  Tensor xt_t = empty({K * B}, {x.dtype()});
-  Tensor yt_t = empty({N * B}, {x.dtype()});
+  Tensor xt_t = empty({K * B}, {x.dtype(), Device::cpu()});
+  Tensor yt_t = empty({N * B}, {x.dtype(), Device::cpu()});
   T* xt = static_cast<T*>(xt_t.raw_data());
   T* yt = static_cast<T*>(yt_t.raw_data());
   for (int64_t b = 0; b < B; ++b)

@@ -53,17 +53,21 @@ namespace {
 // terms the bias runs along D's rows (N of them: our columns), which is what CUBLASLT_EPILOGUE_BIAS broadcasts
 // (BIAS_BATCH_STRIDE 0: one vector for every batch); the epilogue adds it in the f32 (f64) compute type before the
 // one rounding to the output type, so the output is written once and never read. It is used for f32, f16 and bf16
-// when K > 0 and the bias is 16-byte aligned: cuBLASLt's alignment preferences cover A, B, C and D but not the bias
-// pointer, so the heuristic may pick a kernel that loads the bias 16 bytes at a time (an unaligned bias then faults:
-// pytorch/pytorch#194497 falls back for the same reason). Otherwise (f64, an unaligned bias, K == 0, or no algorithm
-// for the epilogue) out is filled with the bias rows and the product accumulated with beta = 1: the bias is then
-// C's term, added in the compute type before the same one rounding, at the cost of one more pass over out.
+// when K > 0 and the bias is 16-byte aligned: no preference attribute states the bias pointer's alignment (the
+// heuristic reads it off the pointer, so the plan cache keys on it), and a kernel that loads the bias 16 bytes at a
+// time has been reported to fault on a less aligned one (a proposed PyTorch fix, pytorch/pytorch#194497, falls back
+// for the same reason). Otherwise (f64, an unaligned bias, K == 0, or no algorithm for the epilogue) out is filled
+// with the bias rows and the product accumulated with beta = 1: the bias is then C's term, added in the compute type
+// before the same one rounding, at the cost of one more pass over out. gemm_bias_fallbacks() counts these, so the
+// tests can tell the epilogue ran (the result is the same either way).
 
 constexpr uint64_t kWorkspaceLimit = uint64_t{32} << 20;  // bytes of cuBLASLt workspace an algorithm may ask for
 constexpr int64_t kMaxBatchPerCall = 63 * 1024;  // batches per cublasLtMatmul call (below the 65535 grid limit)
 constexpr size_t kMaxCachedPlans = 4096;         // heuristic results kept before the cache starts over
 
 memory::StreamId stream_id(cudaStream_t s) { return static_cast<memory::StreamId>(reinterpret_cast<uintptr_t>(s)); }
+
+std::atomic<int64_t> g_bias_fallbacks{0};  // Note [Bias epilogue]
 
 // ---- kernels ----------------------------------------------------------------------------------------------------
 
@@ -274,7 +278,8 @@ struct PlanKey {
   int64_t lda = 0, ldb = 0, ldd = 0;
   int64_t stride_a = 0, stride_b = 0, stride_d = 0;
   uint32_t align_a = 0, align_b = 0, align_d = 0;
-  bool bias = false;  // CUBLASLT_EPILOGUE_BIAS (Note [Bias epilogue])
+  bool bias = false;         // CUBLASLT_EPILOGUE_BIAS (Note [Bias epilogue])
+  uint32_t align_bias = 0;  // the bias pointer's alignment, which the heuristic reads off the pointer
   auto operator<=>(const PlanKey&) const = default;
 };
 
@@ -325,7 +330,11 @@ Plan find_plan(const PlanKey& key, cublasLtHandle_t handle, cublasLtMatmulDesc_t
   int count = 0;
   const cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(handle, desc, a, b, d, d, raw, 1, &result, &count);
   const bool found = status == CUBLAS_STATUS_SUCCESS && count >= 1 && result.state == CUBLAS_STATUS_SUCCESS;
-  if (!found && key.bias) {  // Note [Bias epilogue]: the caller fills the bias rows and accumulates instead
+  // Note [Bias epilogue]: the caller fills the bias rows and accumulates instead — when the heuristic has nothing for
+  // the epilogue (NOT_SUPPORTED, or no result); any other status is an error in the call and raised below.
+  const bool unsupported = status == CUBLAS_STATUS_NOT_SUPPORTED || (status == CUBLAS_STATUS_SUCCESS && count < 1) ||
+                           (status == CUBLAS_STATUS_SUCCESS && result.state == CUBLAS_STATUS_NOT_SUPPORTED);
+  if (!found && key.bias && unsupported) {
     Plan none{};
     none.found = false;
     std::lock_guard<std::mutex> lock(plan_mutex());
@@ -411,6 +420,7 @@ bool lt_matmul(DType dtype, int32_t batch, int64_t M, int64_t N, int64_t K, cons
   key.align_b = alignment_bytes(a.data, a.batch_stride * item);
   key.align_d = alignment_bytes(out, out_batch_stride * item);
   key.bias = bias != nullptr;
+  key.align_bias = bias != nullptr ? alignment_bytes(bias, 0) : 0;
   const cublasLtHandle_t handle = lt_handle(device);
   const Plan plan = find_plan(key, handle, raw_desc, la.get(), lb.get(), ld.get(), half);
   if (!plan.found) return false;
@@ -467,6 +477,8 @@ GemmStrategy gemm_strategy() {
 
 void set_gemm_strategy(GemmStrategy s) { g_strategy.store(static_cast<int>(s), std::memory_order_release); }
 
+int64_t gemm_bias_fallbacks() { return g_bias_fallbacks.load(std::memory_order_relaxed); }
+
 void gemm(DType dtype, int64_t batch, int64_t M, int64_t N, int64_t K, const MatrixRef& a, const MatrixRef& b,
           void* out, int64_t out_batch_stride, int64_t ldo, double alpha, double beta, int device, cudaStream_t stream,
           const void* bias) {
@@ -484,6 +496,7 @@ void gemm(DType dtype, int64_t batch, int64_t M, int64_t N, int64_t K, const Mat
   // Note [Bias epilogue]: where the epilogue does not apply, out starts as the bias rows and accumulates (beta 1).
   const bool bias_epilogue = bias != nullptr && K > 0 && dtype != DType::f64 && alignment_bytes(bias, 0) >= 16;
   if (bias != nullptr && !bias_epilogue) {
+    g_bias_fallbacks.fetch_add(1, std::memory_order_relaxed);
     fill_rows(dtype, batch, M, N, bias, out, out_batch_stride, ldo, device, stream);
     bias = nullptr;
     beta = 1.0;
@@ -513,6 +526,7 @@ void gemm(DType dtype, int64_t batch, int64_t M, int64_t N, int64_t K, const Mat
     if (!lt_matmul(dtype, static_cast<int32_t>(n), M, N, K, ca, cb, co, out_batch_stride, ldo, alpha, beta, device,
                    stream, bias)) {
       // No algorithm for the bias epilogue (nothing enqueued for this call yet): the bias rows, then accumulate.
+      g_bias_fallbacks.fetch_add(1, std::memory_order_relaxed);
       fill_rows(dtype, n, M, N, bias, co, out_batch_stride, ldo, device, stream);
       lt_matmul(dtype, static_cast<int32_t>(n), M, N, K, ca, cb, co, out_batch_stride, ldo, alpha, 1.0, device, stream,
                 nullptr);

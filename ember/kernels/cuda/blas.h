@@ -39,6 +39,8 @@ void set_gemm_strategy(GemmStrategy s);
 void gemm(DType dtype, int64_t batch, int64_t M, int64_t N, int64_t K, const MatrixRef& a, const MatrixRef& b,
           void* out, int64_t out_batch_stride, int64_t ldo, double alpha, double beta, int device, cudaStream_t stream,
           const void* bias = nullptr);
+// How many gemm() calls with a bias took the fallback (bias rows + accumulate) since the process started.
+int64_t gemm_bias_fallbacks();
 
 // The hand-written tensor-core GEMM (mma.sync, f16/bf16 in, f32 accumulate): out[b] = a[b] @ bm[b] for contiguous
 // row-major a [batch, M, K], b [batch, K, N] and out [batch, M, N] (batch strides M*K, K*N, M*N; any M, N, K >= 1).
