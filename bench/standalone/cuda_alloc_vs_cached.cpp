@@ -12,6 +12,7 @@
 #include <memory>
 #include <vector>
 
+#include "bench/standalone/cuda_median_time.h"
 #include "ember/base/cuda_check.h"
 #include "ember/memory/caching_allocator.h"
 #include "ember/memory/cuda_backing.h"
@@ -19,24 +20,7 @@
 
 using namespace ember::memory;
 
-namespace {
-
-// Median over 5 repetitions of the mean time per call of fn(), in microseconds.
-double median_us(int iterations, const std::function<void()>& fn) {
-  std::vector<double> reps;
-  for (int r = 0; r < 5; ++r) {
-    EMBER_CUDA_CHECK(cudaDeviceSynchronize());
-    const auto t0 = std::chrono::steady_clock::now();
-    for (int i = 0; i < iterations; ++i) fn();
-    EMBER_CUDA_CHECK(cudaDeviceSynchronize());
-    const auto t1 = std::chrono::steady_clock::now();
-    reps.push_back(std::chrono::duration<double, std::micro>(t1 - t0).count() / iterations);
-  }
-  std::sort(reps.begin(), reps.end());
-  return reps[2];
-}
-
-}  // namespace
+using ember::bench::median_us;
 
 int main(int argc, char** argv) {
   if (cuda::device_count() == 0) {

@@ -12,6 +12,7 @@
 #include <functional>
 #include <vector>
 
+#include "bench/standalone/cuda_median_time.h"
 #include "ember/base/cuda_check.h"
 #include "ember/core/tensor.h"
 #include "ember/dist/process_group.h"
@@ -19,25 +20,7 @@
 
 using namespace ember;
 
-namespace {
-
-// Median over 5 repetitions of the mean time per call of fn(), in microseconds; fn's work is finished (host-visible)
-// when each loop's clock stops.
-double median_us(int iterations, const std::function<void()>& fn) {
-  std::vector<double> reps;
-  for (int r = 0; r < 5; ++r) {
-    EMBER_CUDA_CHECK(cudaDeviceSynchronize());
-    const auto t0 = std::chrono::steady_clock::now();
-    for (int i = 0; i < iterations; ++i) fn();
-    EMBER_CUDA_CHECK(cudaDeviceSynchronize());
-    const auto t1 = std::chrono::steady_clock::now();
-    reps.push_back(std::chrono::duration<double, std::micro>(t1 - t0).count() / iterations);
-  }
-  std::sort(reps.begin(), reps.end());
-  return reps[2];
-}
-
-}  // namespace
+using ember::bench::median_us;
 
 int main(int argc, char** argv) {
   if (!dist::is_nccl_available() || memory::cuda::device_count() == 0) {
