@@ -8,6 +8,7 @@
 #include <limits>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "ember/core/meta_scope.h"
@@ -386,6 +387,30 @@ TEST(DeviceParse, GoodAndBad) {
   } catch (const ConfigError& e) {
     EXPECT_TRUE(contains(e.what(), "gpu")) << e.what();
   }
+}
+
+// DefaultDeviceGuard (core/device.h): tensors made without naming a device go to the guard's device, on this thread
+// only, until the guard ends; a named device always wins; guards nest.
+TEST(DefaultDevice, GuardSetsTheDeviceOfUnnamedTensorsOnThisThread) {
+  EXPECT_EQ(default_device(), Device::cpu());
+  EXPECT_EQ(empty({2}).device(), Device::cpu());
+  {
+    DefaultDeviceGuard on_meta(Device::meta());
+    EXPECT_EQ(default_device(), Device::meta());
+    EXPECT_EQ(empty({2}).device(), Device::meta());
+    EXPECT_EQ(zeros({2}, DType::f64).device(), Device::meta());
+    EXPECT_EQ(empty({2}, TensorOptions(DType::f32, Device::cpu())).device(), Device::cpu());
+    Device other_thread = Device::meta();
+    std::thread([&] { other_thread = empty({1}).device(); }).join();
+    EXPECT_EQ(other_thread, Device::cpu());
+    {
+      DefaultDeviceGuard back(Device::cpu());
+      EXPECT_EQ(empty({2}).device(), Device::cpu());
+    }
+    EXPECT_EQ(empty({2}).device(), Device::meta());
+  }
+  EXPECT_EQ(default_device(), Device::cpu());
+  EXPECT_EQ(ones({2}).device(), Device::cpu());
 }
 
 TEST(DeviceParse, Printing) {
