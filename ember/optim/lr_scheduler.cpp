@@ -27,11 +27,12 @@ void LRScheduler::step() {
 
 StateDict LRScheduler::state_dict() const {
   StateDict out;
-  out.emplace_back("last_epoch", scalar_tensor(last_epoch_, TensorOptions(DType::i64, Device::cpu())));
+  const TensorOptions i64(DType::i64, Device::cpu()), f64(DType::f64, Device::cpu());
+  out.emplace_back("last_epoch", scalar_tensor(last_epoch_, i64));
   for (size_t g = 0; g < base_lrs_.size(); ++g)
-    out.emplace_back("base_lrs." + std::to_string(g), scalar_tensor(base_lrs_[g], TensorOptions(DType::f64, Device::cpu())));
+    out.emplace_back("base_lrs." + std::to_string(g), scalar_tensor(base_lrs_[g], f64));
   for (size_t g = 0; g < last_lr_.size(); ++g)
-    out.emplace_back("last_lr." + std::to_string(g), scalar_tensor(last_lr_[g], TensorOptions(DType::f64, Device::cpu())));
+    out.emplace_back("last_lr." + std::to_string(g), scalar_tensor(last_lr_[g], f64));
   return out;
 }
 

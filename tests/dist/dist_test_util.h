@@ -29,7 +29,8 @@ inline void PrintTo(DistBackend b, std::ostream* os) { *os << backend_name(b); }
 
 // Why `backend` cannot run here ("" when it can): not built in, or for NCCL no GPU for every rank.
 inline std::string dist_unavailable(DistBackend backend) {
-  if (backend == DistBackend::Mpi) return dist::is_available() ? "" : "ember was built without MPI (dist::is_available)";
+  if (backend == DistBackend::Mpi)
+    return dist::is_available() ? "" : "ember was built without MPI (dist::is_available)";
   if (!dist::is_nccl_available()) return "ember was built without NCCL (dist::is_nccl_available)";
   if (!memory::cuda::is_available()) return "no CUDA device on this machine";
   if (!dist::is_available() && dist::world_size() > 1) return "NCCL without MPI serves a launch of one process";
