@@ -118,7 +118,7 @@ LayerNormGrads layer_norm_backward(const Tensor& g, const Tensor& x, const Tenso
 // of C / n_head), scale 1 / sqrt(C / n_head): out [B, T, C] with the heads side by side, as y.transpose(1, 2)
 // .reshape({B, T, C}) of scaled_dot_product_attention over the split heads, and lse [B, H, T] (f32 for f16/bf16
 // qkv): backward recomputes the weights from it (Note [Attention saves lse] in kernels/cpu/attention.cpp). Devices
-// and dtypes with the kernel: has_attention_kernel (CPU and meta f32/f64; CUDA also f16/bf16); the composed ops
+// and dtypes with the kernel: has_attention_kernel (CPU, CUDA and meta; every floating dtype); the composed ops
 // elsewhere.
 AttentionResult attention_qkv(const Tensor& qkv, int64_t n_head, bool causal);
 Tensor attention_qkv_backward(const Tensor& grad_out, const Tensor& qkv, const Tensor& lse, int64_t n_head,

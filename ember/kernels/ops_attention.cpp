@@ -32,9 +32,9 @@ DType attention_lse_dtype(DType qkv) { return qkv == DType::f16 || qkv == DType:
 
 bool has_attention_kernel(Device device, DType dtype) {
   if (!attention_stub.has(device.type) || !attention_backward_stub.has(device.type)) return false;
-  // The CPU kernel (and the meta replay of its workspace) computes in f32/f64; the CUDA one takes 16-bit qkv too.
-  const bool wide = dtype == DType::f32 || dtype == DType::f64;
-  return wide || (device.is_cuda() && (dtype == DType::f16 || dtype == DType::bf16));
+  // Every floating dtype: the CPU kernel (and the meta replay of its workspace) runs f16/bf16 through f32 copies
+  // (Note [16-bit attention on the CPU] in cpu/attention.cpp), the CUDA one takes 16-bit qkv directly.
+  return dtype == DType::f32 || dtype == DType::f64 || dtype == DType::f16 || dtype == DType::bf16;
 }
 
 AttentionResult attention_qkv(const Tensor& qkv, int64_t n_head, bool causal) {

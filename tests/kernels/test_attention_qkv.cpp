@@ -72,7 +72,7 @@ TEST(FusedAttention, ForwardMatchesNaiveLoops) {
                return ops::attention_qkv(in[0], k.H, k.causal).out;
              }};
     c.reference = [k](const Inputs& in) { return naive_attention_qkv(in[0], k.H, k.causal); };
-    c.dtypes = {DType::f32};
+    c.dtypes = {DType::f32, DType::f16, DType::bf16};  // Note [16-bit attention on the CPU]
     check_op(c, Device::cpu());
   }
 }
@@ -131,6 +131,31 @@ TEST(FusedAttention, MatchesTheComposedPathInF32) {
   }
 }
 
+// Note [16-bit attention on the CPU]: f16/bf16 qkv computes in f32 and rounds once, so its forward and gradient are
+// the f64 kernel's on the same (rounded) inputs within one 16-bit rounding of each result (relative to the largest
+// magnitude); lse is f32.
+TEST(FusedAttention, SixteenBitRunsInF32AndRoundsOnce) {
+  for (DType dt : {DType::f16, DType::bf16}) {
+    for (const Case& k : kCases) {
+      SCOPED_TRACE(::testing::Message() << dtype_name(dt) << " B " << k.B << " T " << k.T << " C " << k.C);
+      const Tensor x = rand_input({k.B, k.T, 3 * k.C}, -2.0, 2.0).to(dt);
+      const Tensor g = rand_input({k.B, k.T, k.C}).to(dt);
+      const AttentionResult r = ops::attention_qkv(x, k.H, k.causal);
+      ASSERT_EQ(r.out.dtype(), dt);
+      ASSERT_EQ(r.lse.dtype(), DType::f32);
+      const Tensor gx = ops::attention_qkv_backward(g, x, r.lse, k.H, k.causal);
+      ASSERT_EQ(gx.dtype(), dt);
+      const Tensor x64 = x.to(DType::f64), g64 = g.to(DType::f64);
+      const AttentionResult r64 = ops::attention_qkv(x64, k.H, k.causal);
+      const Tensor gx64 = ops::attention_qkv_backward(g64, x64, r64.lse, k.H, k.causal);
+      const double unit = dt == DType::f16 ? 1.0 / 1024 : 1.0 / 128;  // one ulp at 1 (2^-10, 2^-7)
+      EXPECT_TRUE(allclose(r.out, r64.out, Tolerance{unit, unit}));
+      EXPECT_TRUE(allclose(r.lse, r64.lse, Tolerance{1e-5, 1e-5}));
+      EXPECT_TRUE(allclose(gx, gx64, Tolerance{unit, unit}));
+    }
+  }
+}
+
 TEST(FusedAttention, ResultsDoNotDependOnTheThreadCount) {
   const Tensor qkv = rand_input({3, 11, 3 * 16}).to(DType::f32);
   const Tensor g = rand_input({3, 11, 16}).to(DType::f32);
@@ -157,7 +182,6 @@ TEST(FusedAttention, BadArgumentsAreTypedErrors) {
   expect_error<ShapeError>([&] { ops::attention_qkv(qkv, 3, true); }, "multiple of n_head");
   expect_error<ValueError>([&] { ops::attention_qkv(qkv, 0, true); }, "n_head");
   expect_error<DTypeError>([&] { ops::attention_qkv(qkv.to(DType::i32), 2, true); }, "attention_qkv");
-  expect_error<DTypeError>([&] { ops::attention_qkv(qkv.to(DType::bf16), 2, true); }, "attention_qkv");
   const AttentionResult r = ops::attention_qkv(qkv, 2, true);
   expect_error<ShapeError>(
       [&] {

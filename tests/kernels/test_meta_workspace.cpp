@@ -166,13 +166,14 @@ TEST(MetaWorkspace, FusedAttentionOverThreads) {
   for (int threads : {1, 2, 3}) {
     ScopedNumThreads tc(threads);
     SCOPED_TRACE(threads);
-    for (DType dt : {DType::f32, DType::f64}) {
+    for (DType dt : {DType::f32, DType::f64, DType::f16, DType::bf16}) {
       SCOPED_TRACE(dtype_name(dt));
+      const DType lse_dt = dt == DType::f16 || dt == DType::bf16 ? DType::f32 : dt;
       expect_same_peak("forward", [=](Device d) { return std::vector<Tensor>{input({3, 9, 3 * 16}, dt, d)}; },
                        [](const std::vector<Tensor>& in) { return ops::attention_qkv(in[0], 4, true).out; });
       expect_same_peak("backward", [=](Device d) {
         return std::vector<Tensor>{input({3, 9, 16}, dt, d), input({3, 9, 3 * 16}, dt, d),
-                                   input({3, 4, 9}, dt, d)};  // lse
+                                   input({3, 4, 9}, lse_dt, d)};  // lse
       }, [](const std::vector<Tensor>& in) { return ops::attention_qkv_backward(in[0], in[1], in[2], 4, true); });
     }
   }

@@ -1,5 +1,5 @@
-// CPU fused multi-head attention over the packed projection qkv [B, T, 3 C] (f32/f64), forward and backward, and
-// their workspace replayed on meta.
+// CPU fused multi-head attention over the packed projection qkv [B, T, 3 C] (f32/f64; f16/bf16 through f32 copies),
+// forward and backward, and their workspace replayed on meta.
 // Note [Fused attention]
 // The composed path (scaled_dot_product_attention over q, k, v slices of qkv) copies the strided heads before each
 // batched product, materialises the scaled scores, the mask and the masked scores, copies the output heads back side
@@ -181,12 +181,35 @@ void attention_backward_typed(const Tensor& grad_out, const Tensor& qkv, const T
   });
 }
 
+// Note [16-bit attention on the CPU]
+// f16/bf16 qkv (autocast's products) run the f32 kernel on an f32 copy of qkv (and of grad_out) into f32 results that
+// are rounded once into out (grad_qkv); lse is f32 (attention_lse_dtype). So the scores, weights and every sum stay
+// in f32 — as the f32 accumulation of a 16-bit GEMM would keep them — and the output is rounded once, where the CUDA
+// kernel also rounds its scores and weights to 16 bits between its products (Note [Attention precision] in
+// cuda/attention.cu). The copies are workspace of the call: 2 (forward) or 3 (backward) f32 tensors the size of the
+// 16-bit operands, taken before the per-thread buffers and replayed on meta in that order.
+bool is_16bit(DType d) { return d == DType::f16 || d == DType::bf16; }
+
+Tensor f32_copy(const Tensor& t) {
+  Tensor c = empty(t.sizes(), TensorOptions(DType::f32, Device::cpu()));
+  copy_stub.get(DeviceType::CPU)(t, c);
+  return c;
+}
+
 void attention_kernel(const Tensor& qkv, int64_t n_head, bool causal, const Tensor& out, const Tensor& lse) {
   switch (qkv.dtype()) {
     case DType::f32:
       return attention_typed<float>(qkv, n_head, causal, out, lse);
     case DType::f64:
       return attention_typed<double>(qkv, n_head, causal, out, lse);
+    case DType::f16:
+    case DType::bf16: {  // Note [16-bit attention on the CPU]
+      const Tensor q32 = f32_copy(qkv);
+      const Tensor o32 = empty(out.sizes(), TensorOptions(DType::f32, Device::cpu()));
+      attention_typed<float>(q32, n_head, causal, o32, lse);
+      copy_stub.get(DeviceType::CPU)(o32, out);
+      return;
+    }
     default:
       throw_unsupported_dtype("attention_qkv", qkv.dtype());
   }
@@ -199,6 +222,14 @@ void attention_backward_kernel(const Tensor& grad_out, const Tensor& qkv, const 
       return attention_backward_typed<float>(grad_out, qkv, lse, n_head, causal, grad_qkv);
     case DType::f64:
       return attention_backward_typed<double>(grad_out, qkv, lse, n_head, causal, grad_qkv);
+    case DType::f16:
+    case DType::bf16: {  // Note [16-bit attention on the CPU]
+      const Tensor q32 = f32_copy(qkv), g32 = f32_copy(grad_out);
+      const Tensor gq32 = empty(grad_qkv.sizes(), TensorOptions(DType::f32, Device::cpu()));
+      attention_backward_typed<float>(g32, q32, lse, n_head, causal, gq32);
+      copy_stub.get(DeviceType::CPU)(gq32, grad_qkv);
+      return;
+    }
     default:
       throw_unsupported_dtype("attention_qkv_backward", qkv.dtype());
   }
@@ -207,7 +238,7 @@ void attention_backward_kernel(const Tensor& grad_out, const Tensor& qkv, const 
 // ---- the same workspace on meta (Note [Meta kernels]) -----------------------------------------------------------
 
 void check_meta_dtype(const char* op, DType dtype) {
-  if (dtype != DType::f32 && dtype != DType::f64) throw_unsupported_dtype(op, dtype);
+  if (dtype != DType::f32 && dtype != DType::f64 && !is_16bit(dtype)) throw_unsupported_dtype(op, dtype);
 }
 
 void take_gemms(MetaWorkspace& ws, DType dtype, const std::vector<GemmShape>& shapes) {
@@ -218,10 +249,16 @@ void attention_meta_kernel(const Tensor& qkv, int64_t n_head, bool, const Tensor
   check_meta_dtype("attention_qkv", qkv.dtype());
   const AttentionGeometry g = geometry(qkv, n_head);
   MetaWorkspace ws;
+  DType dt = qkv.dtype();
+  if (is_16bit(dt)) {  // Note [16-bit attention on the CPU]: qkv's and out's f32 copies
+    dt = DType::f32;
+    ws.take(qkv.numel(), dt);
+    ws.take(g.B * g.T * g.C, dt);
+  }
   const int64_t slots = parallel::chunk_count(g.items(), 1);
   for (int64_t s = 0; s < slots; ++s) {
-    ws.take(g.T * g.T, qkv.dtype());
-    take_gemms(ws, qkv.dtype(), forward_shapes(g));
+    ws.take(g.T * g.T, dt);
+    take_gemms(ws, dt, forward_shapes(g));
   }
 }
 
@@ -230,11 +267,18 @@ void attention_backward_meta_kernel(const Tensor&, const Tensor& qkv, const Tens
   check_meta_dtype("attention_qkv_backward", qkv.dtype());
   const AttentionGeometry g = geometry(qkv, n_head);
   MetaWorkspace ws;
+  DType dt = qkv.dtype();
+  if (is_16bit(dt)) {  // Note [16-bit attention on the CPU]: qkv's, grad_out's and grad_qkv's f32 copies
+    dt = DType::f32;
+    ws.take(qkv.numel(), dt);
+    ws.take(g.B * g.T * g.C, dt);
+    ws.take(qkv.numel(), dt);
+  }
   const int64_t slots = parallel::chunk_count(g.items(), 1);
   for (int64_t s = 0; s < slots; ++s) {
-    ws.take(g.T * g.T, qkv.dtype());
-    ws.take(g.T * g.T, qkv.dtype());
-    take_gemms(ws, qkv.dtype(), backward_shapes(g));
+    ws.take(g.T * g.T, dt);
+    ws.take(g.T * g.T, dt);
+    take_gemms(ws, dt, backward_shapes(g));
   }
 }
 
