@@ -61,6 +61,7 @@ const std::vector<AutocastPolicyEntry>& autocast_policy() {
       {"matmul", C::lower_precision},   {"bmm", C::lower_precision},
       {"linear", C::lower_precision},   {"conv2d", C::lower_precision},
       {"scaled_dot_product_attention", C::lower_precision},
+      {"bias_gelu", C::lower_precision},
       {"softmax", C::fp32},             {"log_softmax", C::fp32},
       {"layer_norm", C::fp32},          {"sum", C::fp32},
       {"mean", C::fp32},                {"var", C::fp32},

@@ -143,6 +143,66 @@ Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& 
   return layer_norm_with_stats(x, normalized_shape, weight, bias, eps).out;
 }
 
+// Note [Residual add and layer norm] in kernels/ops_norm.cpp. Under autocast, or when the fused form does not apply
+// (broadcasting, differing dtypes), the composed ops run: add (promote) and layer_norm (fp32, the mixed form).
+AddLayerNormOutputs add_layer_norm(const Tensor& x, const Tensor& residual, const Shape& normalized_shape,
+                                   const Tensor& weight, const Tensor& bias, double eps) {
+  const bool fused = x.defined() && residual.defined() && x.dtype() == residual.dtype() &&
+                     x.sizes() == residual.sizes() && is_floating(x.dtype()) &&
+                     !autocast::should_cast({&x, &residual, &weight, &bias});
+  if (!fused) {
+    Tensor sum = add(x, residual);
+    Tensor out = layer_norm(sum, normalized_shape, weight, bias, eps);
+    return {sum, out};
+  }
+  AddLayerNormResult r = forward_op("add_layer_norm", {&x, &residual, &weight, &bias}, [&] {
+    return ops::add_layer_norm_with_stats(x, residual, normalized_shape, weight, bias, eps);
+  });
+  if (auto node = make_node("add_layer_norm", {&x, &residual, &weight, &bias})) {
+    const bool need_in = node->needs_grad(0) || node->needs_grad(1);
+    const bool need_xhat = need_in || node->needs_grad(2);
+    node->save(need_xhat ? r.sum : Tensor());           // 0
+    node->save(need_in ? weight : Tensor());            // 1
+    node->save(need_xhat ? r.mean : Tensor());          // 2
+    node->save(need_xhat ? r.rstd : Tensor());          // 3
+    const int64_t n = static_cast<int64_t>(normalized_shape.size());
+    // grads: [0] of sum (the residual stream), [1] of out; either may be undefined. The gradient reaching the sum is
+    // g_sum + layer norm's input gradient, added inside the layer-norm backward kernel (grad_add); it is the gradient
+    // of both x and residual (the same tensor: the engine adds it out of place where it meets another).
+    node->formula = [n](const BackwardContext& c, const TensorList& grads) -> TensorList {
+      const bool need_in = c.needs_grad(0) || c.needs_grad(1);
+      if (!grads[1].defined()) return {grads[0], grads[0], Tensor(), Tensor()};
+      const LayerNormGrads d = ops::layer_norm_backward(grads[1], c.saved(0), c.saved(1), c.saved(2), c.saved(3), n,
+                                                       need_in, c.needs_grad(2), c.needs_grad(3),
+                                                       need_in ? grads[0] : Tensor());
+      return {d.x, d.x, d.weight, d.bias};
+    };
+    node->set_outputs({&r.sum, &r.out});  // mean and rstd stay statistics without history
+  }
+  return {r.sum, r.out};
+}
+
+// ---- bias + GELU ---------------------------------------------------------------------------------------------------
+
+Tensor bias_gelu(const Tensor& x, const Tensor& bias, GeluApprox approx) {
+  if (autocast::should_cast({&x, &bias})) {
+    autocast::BodyGuard body;
+    return bias_gelu(autocast::lower(x), autocast::lower(bias), approx);
+  }
+  Tensor out = forward_op("bias_gelu", {&x, &bias}, [&] { return ops::bias_gelu(x, bias, approx); });
+  if (auto node = make_node("bias_gelu", {&x, &bias})) {
+    node->save(x);     // 0
+    node->save(bias);  // 1
+    node->formula = [approx](const BackwardContext& c, const TensorList& g) -> TensorList {
+      const BiasGeluGrads d =
+          ops::bias_gelu_backward(g[0], c.saved(0), c.saved(1), approx, c.needs_grad(0), c.needs_grad(1));
+      return {d.x, d.bias};
+    };
+    node->set_outputs({&out});
+  }
+  return out;
+}
+
 // ---- embedding -----------------------------------------------------------------------------------------------------
 
 Tensor embedding(const Tensor& weight, const Tensor& indices) {

@@ -79,6 +79,18 @@ LayerNormResult layer_norm_with_stats(const Tensor& x, const Shape& normalized_s
                                       const Tensor& bias, double eps = 1e-5);
 Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& weight = Tensor(),
                   const Tensor& bias = Tensor(), double eps = 1e-5);
+// (x + residual, layer_norm(x + residual)) — the residual stream of a pre-norm transformer block and the normalised
+// input of its next sub-layer — in one kernel forward and backward (ops::add_layer_norm_with_stats) when x and
+// residual share dtype and shape; otherwise (broadcasting, mixed dtypes as under autocast) the composed add and
+// layer_norm, with the same results. Differentiable in x, residual, weight and bias.
+struct AddLayerNormOutputs {
+  Tensor sum, out;
+};
+AddLayerNormOutputs add_layer_norm(const Tensor& x, const Tensor& residual, const Shape& normalized_shape,
+                                   const Tensor& weight = Tensor(), const Tensor& bias = Tensor(), double eps = 1e-5);
+// gelu(x + bias), bias [N] broadcast over x [..., N] (ops::bias_gelu): one pass forward, and backward one pass for
+// x's gradient with the bias gradient's column sums. Under autocast the bias takes x's dtype (as linear's does).
+Tensor bias_gelu(const Tensor& x, const Tensor& bias, GeluApprox approx = GeluApprox::None);
 
 // Multi-head attention of a GPT block over its packed projection qkv [B, T, 3 C] -> [B, T, C] (ops::attention_qkv;
 // Note [Fused attention] in kernels/cpu/attention.cpp); differentiable in qkv, where has_attention_kernel(device,

@@ -19,6 +19,12 @@ struct LayerNormResult {
 struct LayerNormGrads {
   Tensor x, weight, bias;  // undefined where not asked for
 };
+struct AddLayerNormResult {
+  Tensor sum, out, mean, rstd;  // sum = x + residual (x's sizes and dtype); out, mean, rstd: layer norm of sum
+};
+struct BiasGeluGrads {
+  Tensor x, bias;  // undefined where not asked for
+};
 struct AttentionResult {
   Tensor out, lse;  // out [B, T, C]; lse [B, H, T], each query row's log-sum-exp, which backward reads
 };
@@ -109,9 +115,26 @@ Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& 
 // the statistics mean/rstd. The last `normalized_dims` dims are the normalised ones. Returns the gradients of x (x's
 // dtype), weight and bias (the output's dtype, the normalised shape), each only where its need_* flag is set; x, mean
 // and rstd may be undefined when neither need_x nor need_weight is.
+// grad_add (optional; x's sizes and dtype) is added to the gradient of x inside the kernel: the gradient a residual
+// stream brings to the normalised tensor (add_layer_norm's backward), summed without a pass of its own.
 LayerNormGrads layer_norm_backward(const Tensor& g, const Tensor& x, const Tensor& weight, const Tensor& mean,
                                    const Tensor& rstd, int64_t normalized_dims, bool need_x, bool need_weight,
-                                   bool need_bias);
+                                   bool need_bias, const Tensor& grad_add = Tensor());
+// Residual add + layer norm in one kernel (Note [Residual add and layer norm] in ops_norm.cpp): sum = x + residual
+// (x and residual of one floating dtype and one shape, no broadcasting), rounded to that dtype, and the layer norm
+// of sum as layer_norm_with_stats computes it — each element of x and residual read once.
+AddLayerNormResult add_layer_norm_with_stats(const Tensor& x, const Tensor& residual, const Shape& normalized_shape,
+                                             const Tensor& weight, const Tensor& bias, double eps = 1e-5);
+
+// ---- bias + GELU ----------------------------------------------------------------------------------------------
+// gelu(x + bias) in one pass (Note [Bias and GELU] in ops_bias_gelu.cpp): x [..., N] floating, bias [N] of x's dtype,
+// broadcast over the leading dims; the sum is not rounded to x's dtype before the GELU (it is computed in the op's
+// math type, as linear's bias epilogue followed by gelu would not — the difference is one rounding of x + bias).
+Tensor bias_gelu(const Tensor& x, const Tensor& bias, GeluApprox approx = GeluApprox::None);
+// Gradients of bias_gelu from g (x's sizes and dtype): x's = g * gelu'(x + bias), bias's = its sum over the leading
+// dims, each only where its need_* flag is set.
+BiasGeluGrads bias_gelu_backward(const Tensor& g, const Tensor& x, const Tensor& bias, GeluApprox approx, bool need_x,
+                                 bool need_bias);
 
 // ---- fused attention ----------------------------------------------------------------------------------------------
 // Multi-head attention over the packed projection qkv [B, T, 3 C] of a GPT block (q, k, v side by side, n_head heads

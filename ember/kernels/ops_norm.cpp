@@ -9,6 +9,7 @@ namespace ember {
 EMBER_DEFINE_STUB(softmax, SoftmaxFn);
 EMBER_DEFINE_STUB(layer_norm, LayerNormFn);
 EMBER_DEFINE_STUB(layer_norm_backward, LayerNormBackwardFn);
+EMBER_DEFINE_STUB(add_layer_norm, AddLayerNormFn);
 
 namespace ops {
 
@@ -43,20 +44,19 @@ void check_affine(const char* what, const Tensor& p, const Tensor& x, const Shap
               x.description());
 }
 
-}  // namespace
 
-Tensor softmax(const Tensor& x, int64_t dim) { return softmax_front("softmax", x, dim, false); }
-Tensor log_softmax(const Tensor& x, int64_t dim) { return softmax_front("log_softmax", x, dim, true); }
-
-LayerNormResult layer_norm_with_stats(const Tensor& x, const Shape& normalized_shape, const Tensor& weight,
-                                      const Tensor& bias, double eps) {
-  const Device device = common_device("layer_norm", {&x, &weight, &bias});
-  check_floating("layer_norm", x);
+// Layer norm of x, or with `residual` of x + residual (add_layer_norm, whose caller checked the pair): the common
+// checks, allocation and kernel call.
+AddLayerNormResult layer_norm_front(const char* op, const Tensor& x, const Tensor* residual,
+                                    const Shape& normalized_shape, const Tensor& weight, const Tensor& bias,
+                                    double eps) {
+  const Device device = common_device(op, {&x, residual, &weight, &bias});
+  check_floating(op, x);
   const int64_t n = static_cast<int64_t>(normalized_shape.size());
   const int64_t lead = x.dim() - n;
   bool matches = lead >= 0;
   for (int64_t i = 0; matches && i < n; ++i) matches = x.size(lead + i) == normalized_shape[static_cast<size_t>(i)];
-  EMBER_CHECK(matches, ShapeError, "layer_norm: normalized_shape ", shape_str(normalized_shape),
+  EMBER_CHECK(matches, ShapeError, op, ": normalized_shape ", shape_str(normalized_shape),
               " does not match the trailing dims of the input ", x.description());
   const DType out_dtype = affine_dtype(x, weight, bias);  // Note [Mixed layer norm]
   check_affine("weight", weight, x, normalized_shape, out_dtype);
@@ -65,6 +65,7 @@ LayerNormResult layer_norm_with_stats(const Tensor& x, const Shape& normalized_s
   const Shape stats_shape(x.sizes().begin(), x.sizes().begin() + lead);
   const int64_t rows = numel_of(stats_shape), cols = numel_of(normalized_shape);
   const DType stats_dtype = x.dtype() == DType::f64 ? DType::f64 : DType::f32;
+  Tensor sum = residual ? empty({rows, cols}, TensorOptions(x.dtype(), device)) : Tensor();
   Tensor out = empty({rows, cols}, TensorOptions(out_dtype, device));
   Tensor mean = empty({rows}, TensorOptions(stats_dtype, device));
   Tensor rstd = empty({rows}, TensorOptions(stats_dtype, device));
@@ -72,9 +73,47 @@ LayerNormResult layer_norm_with_stats(const Tensor& x, const Shape& normalized_s
     // Reshaped on meta too: a strided input's copy is memory a dry run must see (Note [Meta kernels] in stubs.h).
     const Tensor w = weight.defined() ? weight.reshape({cols}) : Tensor();
     const Tensor b = bias.defined() ? bias.reshape({cols}) : Tensor();
-    run_kernel(layer_norm_stub, device, x.reshape({rows, cols}), w, b, eps, out, mean, rstd);
+    if (residual)
+      run_kernel(add_layer_norm_stub, device, x.reshape({rows, cols}), residual->reshape({rows, cols}), w, b, eps, sum,
+                 out, mean, rstd);
+    else
+      run_kernel(layer_norm_stub, device, x.reshape({rows, cols}), w, b, eps, out, mean, rstd);
   }
-  return {out.view(x.sizes()), mean.view(stats_shape), rstd.view(stats_shape)};
+  return {residual ? sum.view(x.sizes()) : Tensor(), out.view(x.sizes()), mean.view(stats_shape),
+          rstd.view(stats_shape)};
+}
+
+}  // namespace
+
+Tensor softmax(const Tensor& x, int64_t dim) { return softmax_front("softmax", x, dim, false); }
+Tensor log_softmax(const Tensor& x, int64_t dim) { return softmax_front("log_softmax", x, dim, true); }
+
+LayerNormResult layer_norm_with_stats(const Tensor& x, const Shape& normalized_shape, const Tensor& weight,
+                                      const Tensor& bias, double eps) {
+  AddLayerNormResult r = layer_norm_front("layer_norm", x, nullptr, normalized_shape, weight, bias, eps);
+  return {r.out, r.mean, r.rstd};
+}
+
+// Note [Residual add and layer norm]
+// A pre-norm transformer block adds each sub-layer's output to the residual stream and normalises the sum for the next
+// sub-layer: h = x + attn(ln_1(x)), then ln_2(h). add_layer_norm does both in one kernel: each row of x and residual
+// is read once, the sum is written (it is the residual stream) and normalised from the values just computed rather
+// than read back from memory (CUDA: registers or shared memory; CPU: the row just written, still in cache). The sum is
+// rounded to the dtype first and the statistics are those of the rounded sum, so the results are those of ops::add
+// followed by layer_norm_with_stats (bitwise on the CPU), and backward, which reads the saved sum, is layer norm's
+// own. That backward takes the residual stream's gradient as layer_norm_backward's grad_add, so the two gradients
+// reaching the sum are added inside the kernel that writes grad_x (one tensor is then the gradient of both x and
+// residual), not by a separate pass of the engine. Per GPT block this saves a read of the [B, T, C] sum forward and a
+// read and a write of one backward.
+AddLayerNormResult add_layer_norm_with_stats(const Tensor& x, const Tensor& residual, const Shape& normalized_shape,
+                                             const Tensor& weight, const Tensor& bias, double eps) {
+  const char* op = "add_layer_norm";
+  EMBER_CHECK(x.defined() && residual.defined(), ValueError, op, ": x and residual must be defined");
+  EMBER_CHECK(x.dtype() == residual.dtype(), DTypeError, op, ": x ", x.description(), " and residual ",
+              residual.description(), " differ in dtype (the fused form does not promote)");
+  EMBER_CHECK(x.sizes() == residual.sizes(), ShapeError, op, ": x ", x.description(), " and residual ",
+              residual.description(), " differ in shape (the fused form does not broadcast)");
+  return layer_norm_front(op, x, &residual, normalized_shape, weight, bias, eps);
 }
 
 Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& weight, const Tensor& bias,
@@ -93,7 +132,7 @@ Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& 
 // affine gradients in the output's dtype: f32 for the mixed form (Note [Mixed layer norm]).
 LayerNormGrads layer_norm_backward(const Tensor& g, const Tensor& x, const Tensor& weight, const Tensor& mean,
                                    const Tensor& rstd, int64_t normalized_dims, bool need_x, bool need_weight,
-                                   bool need_bias) {
+                                   bool need_bias, const Tensor& grad_add) {
   const char* op = "layer_norm_backward";
   EMBER_CHECK(g.defined(), ValueError, op, ": the output's gradient is undefined");
   const bool need_xhat = need_x || need_weight;
@@ -124,6 +163,14 @@ LayerNormGrads layer_norm_backward(const Tensor& g, const Tensor& x, const Tenso
                   st->description(), " must be ", dtype_name(stats_dtype), " with ", rows, " elements");
     }
   }
+  if (need_x && grad_add.defined()) {
+    EMBER_CHECK(grad_add.sizes() == g.sizes(), ShapeError, op, ": grad_add ", grad_add.description(),
+                " must have the gradient's shape ", shape_str(g.sizes()));
+    EMBER_CHECK(grad_add.dtype() == x_dtype, DTypeError, op, ": grad_add ", grad_add.description(),
+                " must have the input's dtype ", dtype_name(x_dtype));
+    EMBER_CHECK(grad_add.device() == device, DeviceError, op, ": grad_add ", grad_add.description(), " is not on ",
+                device.str());
+  }
   if (need_x && weight.defined())
     EMBER_CHECK(weight.sizes() == norm_shape, ShapeError, op, ": weight ", weight.description(),
                 " must have the normalized shape ", shape_str(norm_shape));
@@ -138,7 +185,8 @@ LayerNormGrads layer_norm_backward(const Tensor& g, const Tensor& x, const Tenso
     const Tensor x2 = need_xhat ? x.reshape({rows, cols}) : Tensor();
     const Tensor w = need_x && weight.defined() ? weight.reshape({cols}) : Tensor();
     const Tensor m = need_xhat ? mean.reshape({rows}) : Tensor(), k = need_xhat ? rstd.reshape({rows}) : Tensor();
-    run_kernel(layer_norm_backward_stub, device, g.reshape({rows, cols}), x2, w, m, k, gx, gw, gb);
+    const Tensor add = need_x && grad_add.defined() ? grad_add.reshape({rows, cols}) : Tensor();
+    run_kernel(layer_norm_backward_stub, device, g.reshape({rows, cols}), x2, w, m, k, add, gx, gw, gb);
   }
   if (need_x) r.x = gx.view(g.sizes());
   if (need_weight) r.weight = gw.view(norm_shape);

@@ -96,15 +96,34 @@ EMBER_DECLARE_STUB(softmax, SoftmaxFn);
 using LayerNormFn = void (*)(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps, const Tensor& out,
                              const Tensor& mean, const Tensor& rstd);
 EMBER_DECLARE_STUB(layer_norm, LayerNormFn);
+// Residual add + layer norm (Note [Residual add and layer norm] in ops_norm.cpp): sum = x + residual rounded to x's
+// dtype T (x and residual [rows, cols], one dtype, any strides; sum fresh and contiguous), then layer_norm of sum with
+// the layer_norm stub's conventions for weight, bias, out, mean and rstd.
+using AddLayerNormFn = void (*)(const Tensor& x, const Tensor& residual, const Tensor& weight, const Tensor& bias,
+                                double eps, const Tensor& sum, const Tensor& out, const Tensor& mean,
+                                const Tensor& rstd);
+EMBER_DECLARE_STUB(add_layer_norm, AddLayerNormFn);
 // Layer-norm backward over [rows, cols] views, in one kernel (Note [Fused layer-norm backward] in ops_norm.cpp): g is
 // the output's gradient (out's dtype P), x the input (T; undefined when grad_x and grad_weight are), weight [cols]
 // (P) or undefined, mean/rstd [rows] (S: f32, f64 for an f64 x) as the forward saved them. Writes whichever outputs
 // are defined: grad_x [rows, cols] (T), grad_weight and grad_bias [cols] (P), all contiguous; rows may be 0 (the
-// column sums are then 0).
+// column sums are then 0). grad_add [rows, cols] (T, any strides) or undefined: added to grad_x before its rounding.
 using LayerNormBackwardFn = void (*)(const Tensor& g, const Tensor& x, const Tensor& weight, const Tensor& mean,
-                                     const Tensor& rstd, const Tensor& grad_x, const Tensor& grad_weight,
-                                     const Tensor& grad_bias);
+                                     const Tensor& rstd, const Tensor& grad_add, const Tensor& grad_x,
+                                     const Tensor& grad_weight, const Tensor& grad_bias);
 EMBER_DECLARE_STUB(layer_norm_backward, LayerNormBackwardFn);
+
+// ---- bias + GELU ----------------------------------------------------------------------------------------------
+// out = gelu(x + bias) (Note [Bias and GELU] in ops_bias_gelu.cpp): x [rows, cols] contiguous, bias [cols]
+// contiguous, out fresh [rows, cols]; one floating dtype; the sum and the GELU in op_math_t, rounded once.
+using BiasGeluFn = void (*)(const Tensor& x, const Tensor& bias, bool tanh_approx, const Tensor& out);
+// grad_x = g * gelu'(x + bias) (rounded once) and grad_bias = its column sums (in op_math_t, or double on the CPU,
+// from the unrounded products), whichever is defined; g and x [rows, cols] contiguous, bias [cols] contiguous; rows
+// may be 0 (grad_bias is then 0).
+using BiasGeluBackwardFn = void (*)(const Tensor& g, const Tensor& x, const Tensor& bias, bool tanh_approx,
+                                    const Tensor& grad_x, const Tensor& grad_bias);
+EMBER_DECLARE_STUB(bias_gelu, BiasGeluFn);
+EMBER_DECLARE_STUB(bias_gelu_backward, BiasGeluBackwardFn);
 
 // ---- embedding -----------------------------------------------------------------------------------------------
 // out[i, :] = weight[indices[i], :]; weight [V, D]; indices (i32/i64, flattened) [N]; out [N, D]. IndexError if out of range.

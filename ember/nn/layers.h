@@ -34,6 +34,8 @@ class Linear : public Module {
  public:
   Linear(int64_t in_features, int64_t out_features, bool bias = true);
   Tensor forward(const Tensor& x) override;
+  // x @ weight^T without the bias, for a caller that adds the bias itself in a fused op (GELU::forward_biased).
+  Tensor forward_unbiased(const Tensor& x);
   // weight: kaiming_uniform_(a = sqrt(5)), i.e. U(+-1/sqrt(in)); bias: U(+-1/sqrt(in)) (PyTorch).
   void reset_parameters();
 
@@ -44,6 +46,9 @@ class Linear : public Module {
 
  protected:
   std::string extra_repr() const override;
+
+ private:
+  void check_input(const Tensor& x) const;
 };
 
 // Rows of weight [num_embeddings, embedding_dim] (init N(0, 1)) picked by an integer index tensor of any shape.
@@ -189,6 +194,9 @@ class LayerNorm : public Module {
   LayerNorm(Shape normalized_shape, double eps = 1e-5, bool elementwise_affine = true, bool bias = true);
   LayerNorm(int64_t normalized_size, double eps = 1e-5, bool elementwise_affine = true, bool bias = true);
   Tensor forward(const Tensor& x) override;
+  // {x + residual, forward(x + residual)} in one kernel (ember::add_layer_norm): a pre-norm block's residual add
+  // and the next sub-layer's normalisation.
+  AddLayerNormOutputs forward_add(const Tensor& x, const Tensor& residual);
   void reset_parameters();
 
   Shape normalized_shape;
@@ -198,6 +206,9 @@ class LayerNorm : public Module {
 
  protected:
   std::string extra_repr() const override;
+
+ private:
+  void check_input(const Tensor& x) const;
 };
 
 // Zeroes elements with probability p while training (scaling the rest by 1/(1-p)); identity in eval mode.
@@ -225,6 +236,9 @@ class GELU : public Module {
  public:
   explicit GELU(const std::string& approximate = "none");
   Tensor forward(const Tensor& x) override;
+  // forward(x + bias) in one pass (ember::bias_gelu), bias [N] over x [..., N]: the GELU after a Linear that left its
+  // bias out (Linear::forward_unbiased).
+  Tensor forward_biased(const Tensor& x, const Tensor& bias);
 
   std::string approximate;
 

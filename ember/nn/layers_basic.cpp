@@ -38,16 +38,30 @@ void Linear::reset_parameters() {
   }
 }
 
-Tensor Linear::forward(const Tensor& x) {
-  EMBER_MODULE_SCOPE();
+void Linear::check_input(const Tensor& x) const {
   EMBER_CHECK(x.dim() >= 1 && x.size(-1) == in_features, ShapeError, "Linear(in_features=", in_features,
               ", out_features=", out_features, "): expects input of shape [..., ", in_features, "], got ",
               x.description());
+}
+
+Tensor Linear::forward(const Tensor& x) {
+  EMBER_MODULE_SCOPE();
+  check_input(x);
   if (packed_weight) {
     check_packed_inference("Linear", *packed_weight, x, bias);
     return packed_weight->linear(x, bias);
   }
   return linear(x, weight, bias);
+}
+
+Tensor Linear::forward_unbiased(const Tensor& x) {
+  EMBER_MODULE_SCOPE();
+  check_input(x);
+  if (packed_weight) {
+    check_packed_inference("Linear", *packed_weight, x, Tensor());
+    return packed_weight->linear(x, Tensor());
+  }
+  return linear(x, weight);
 }
 
 std::string Linear::extra_repr() const {
@@ -122,6 +136,11 @@ GELU::GELU(const std::string& approximate_) : Module("GELU"), approximate(approx
 Tensor GELU::forward(const Tensor& x) {
   EMBER_MODULE_SCOPE();
   return gelu(x, approximate == "tanh" ? GeluApprox::Tanh : GeluApprox::None);
+}
+
+Tensor GELU::forward_biased(const Tensor& x, const Tensor& bias) {
+  EMBER_MODULE_SCOPE();
+  return bias_gelu(x, bias, approximate == "tanh" ? GeluApprox::Tanh : GeluApprox::None);
 }
 
 std::string GELU::extra_repr() const { return "approximate='" + approximate + "'"; }

@@ -129,14 +129,24 @@ void LayerNorm::reset_parameters() {
   if (bias.defined()) init::zeros_(bias);
 }
 
-Tensor LayerNorm::forward(const Tensor& x) {
-  EMBER_MODULE_SCOPE();
+void LayerNorm::check_input(const Tensor& x) const {
   const int64_t k = static_cast<int64_t>(normalized_shape.size());
   bool matches = x.dim() >= k;
   for (int64_t i = 0; matches && i < k; ++i) matches = x.size(x.dim() - k + i) == normalized_shape[i];
   EMBER_CHECK(matches, ShapeError, "LayerNorm(", shape_str(normalized_shape), "): expects input of shape [..., ",
               shape_str(normalized_shape).substr(1), ", got ", x.description());
+}
+
+Tensor LayerNorm::forward(const Tensor& x) {
+  EMBER_MODULE_SCOPE();
+  check_input(x);
   return layer_norm(x, normalized_shape, weight, bias, eps);
+}
+
+AddLayerNormOutputs LayerNorm::forward_add(const Tensor& x, const Tensor& residual) {
+  EMBER_MODULE_SCOPE();
+  check_input(x);
+  return add_layer_norm(x, residual, normalized_shape, weight, bias, eps);
 }
 
 std::string LayerNorm::extra_repr() const {

@@ -75,7 +75,10 @@ MLP::MLP(const GPTConfig& config) : Module("MLP") {
 
 Tensor MLP::forward(const Tensor& x) {
   EMBER_MODULE_SCOPE();
-  return dropout->forward(c_proj->forward(gelu->forward(c_fc->forward(x))));
+  // The bias of c_fc is added inside the GELU (Note [Bias and GELU] in kernels/ops_bias_gelu.cpp).
+  const Tensor h = c_fc->bias.defined() ? gelu->forward_biased(c_fc->forward_unbiased(x), c_fc->bias)
+                                        : gelu->forward(c_fc->forward(x));
+  return dropout->forward(c_proj->forward(h));
 }
 
 Block::Block(const GPTConfig& config) : Module("Block") {
@@ -87,8 +90,9 @@ Block::Block(const GPTConfig& config) : Module("Block") {
 
 Tensor Block::forward(const Tensor& x) {
   EMBER_MODULE_SCOPE();
-  const Tensor h = add(x, attn->forward(ln_1->forward(x)));
-  return add(h, mlp->forward(ln_2->forward(h)));
+  // The residual add and ln_2 in one kernel (Note [Residual add and layer norm] in kernels/ops_norm.cpp).
+  const AddLayerNormOutputs h = ln_2->forward_add(x, attn->forward(ln_1->forward(x)));
+  return add(h.sum, mlp->forward(h.out));
 }
 
 // ---- GPT -----------------------------------------------------------------------------------------------------------

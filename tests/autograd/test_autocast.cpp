@@ -61,6 +61,7 @@ std::map<std::string, PolicyProbe> policy_probes() {
   p["nll_loss"] = [](DType in, Device d) {
     return F::nll_loss(input({4, 5}, in, d, -3.0, -0.1), rand_indices({4}, 5).to(d)).dtype();
   };
+  p["bias_gelu"] = [](DType in, Device d) { return bias_gelu(input({2, 4}, in, d), input({4}, in, d)).dtype(); };
   p["mse_loss"] = [](DType in, Device d) { return F::mse_loss(input({4}, in, d), input({4}, in, d)).dtype(); };
   // promote: an f16/bf16 operand meets an f32 one (for an f32 probe input, the other operand is f16).
   auto other = [](DType in) { return in == DType::f32 ? DType::f16 : DType::f32; };

@@ -1,6 +1,7 @@
-// Finite-difference gradient checks of the neural-network ops (softmax, log_softmax, layer norm, embedding, conv2d,
-// max/avg pool2d, dropout) on non-contiguous inputs, plus hand-computed gradients where finite differences cannot
-// reach (dropout's mask, embedding's repeated rows) and the outputs that must carry no history.
+// Finite-difference gradient checks of the neural-network ops (softmax, log_softmax, layer norm, the fused residual
+// add + layer norm and bias + GELU, embedding, conv2d, max/avg pool2d, dropout) on non-contiguous inputs, plus
+// hand-computed gradients where finite differences cannot reach (dropout's mask, embedding's repeated rows), the
+// outputs that must carry no history, and the fused add_layer_norm against the composed add and layer_norm.
 #include <algorithm>
 #include <numeric>
 #include <random>
@@ -106,6 +107,223 @@ TEST_P(NNGrad, LayerNormStatisticsCarryNoHistory) {
   EXPECT_FALSE(r.mean.requires_grad());
   EXPECT_FALSE(r.rstd.requires_grad());
   EXPECT_EQ(r.mean.dtype(), DType::f32);
+}
+
+// ---- residual add + layer norm, bias + GELU ------------------------------------------------------------------
+
+// Which outputs of add_layer_norm the checked function reads: both (sum * c1 + out * c2 with random constants c1, c2),
+// only out, or only sum.
+enum class AddNormUse { Both, Out, Sum };
+
+// add_layer_norm over in[0] (x), in[1] (residual), in[2] (weight or none), in[3] (bias or none); in[4], in[5] the
+// constants c1, c2.
+OpFn add_layer_norm_fn(const Shape& ns, AddNormUse use) {
+  return [ns, use](const Inputs& in) {
+    const AddLayerNormOutputs r = add_layer_norm(in[0], in[1], ns, in[2], in[3]);
+    switch (use) {
+      case AddNormUse::Out: return r.out;
+      case AddNormUse::Sum: return r.sum;
+      case AddNormUse::Both: break;
+    }
+    return r.sum * in[4] + r.out * in[5];
+  };
+}
+
+const char* use_name(AddNormUse use) {
+  return use == AddNormUse::Both ? "sum and out" : use == AddNormUse::Out ? "out" : "sum";
+}
+
+TEST_P(NNGrad, AddLayerNorm) {
+  EMBER_REQUIRE_KERNEL(add_layer_norm_stub);
+  EMBER_REQUIRE_KERNEL(layer_norm_backward_stub);
+  EMBER_REQUIRE_ELEMENTWISE();
+  for (AddNormUse use : {AddNormUse::Both, AddNormUse::Out, AddNormUse::Sum}) {
+    for (int affine = 0; affine < 4; ++affine) {
+      const bool has_w = (affine & 1) != 0, has_b = (affine & 2) != 0;
+      GradCase c{std::string("add_layer_norm using ") + use_name(use) + (has_w ? " weight" : "") +
+                     (has_b ? " bias" : ""),
+                 {noncontiguous_input({3, 4, 5}, -2.0, 2.0), rand_input({3, 4, 5}, -2.0, 2.0),
+                  has_w ? rand_input({5}, 0.5, 1.5) : Tensor(), has_b ? noncontiguous_input({5}) : Tensor(),
+                  rand_input({3, 4, 5}), rand_input({3, 4, 5})},
+                 add_layer_norm_fn({5}, use)};
+      c.wrt = {0, 1, 2, 3};
+      c.dtypes = {DType::f32, DType::f16, DType::bf16};
+      check_grad(c, device());
+    }
+  }
+  // Two normalised dims, residual strided.
+  GradCase two{"add_layer_norm over two dims",
+               {rand_input({3, 4, 5}), noncontiguous_input({3, 4, 5}), rand_input({4, 5}, 0.5, 1.5),
+                rand_input({4, 5}), rand_input({3, 4, 5}), rand_input({3, 4, 5})},
+               add_layer_norm_fn({4, 5}, AddNormUse::Both)};
+  two.wrt = {0, 1, 2, 3};
+  check_grad(two, device());
+  // A residual of x's shape expanded from one row (stride 0): still one dtype and one shape, the fused path.
+  GradCase expanded{"add_layer_norm expanded residual",
+                    {rand_input({3, 4, 5}), rand_input({1, 1, 5}).expand({3, 4, 5}), rand_input({5}, 0.5, 1.5),
+                     Tensor(), rand_input({3, 4, 5}), rand_input({3, 4, 5})},
+                    add_layer_norm_fn({5}, AddNormUse::Both)};
+  expanded.wrt = {0, 1, 2};
+  check_grad(expanded, device());
+  // One input at a time: the node keeps only what that gradient reads.
+  for (size_t wrt : {size_t{0}, size_t{1}, size_t{2}, size_t{3}}) {
+    GradCase part{"add_layer_norm wrt " + std::to_string(wrt),
+                  {rand_input({2, 6}), rand_input({2, 6}), rand_input({6}, 0.5, 1.5), rand_input({6}),
+                   rand_input({2, 6}), rand_input({2, 6})},
+                  add_layer_norm_fn({6}, AddNormUse::Both)};
+    part.wrt = {wrt};
+    check_grad(part, device());
+  }
+}
+
+// The fused node and the composed add + layer_norm give the same values and gradients (f32), and the fused path is
+// the one taken for operands of one dtype and one shape.
+TEST_P(NNGrad, AddLayerNormMatchesComposedOps) {
+  EMBER_REQUIRE_KERNEL(add_layer_norm_stub);
+  EMBER_REQUIRE_KERNEL(layer_norm_backward_stub);
+  EMBER_REQUIRE_ELEMENTWISE();
+  for (int affine = 0; affine < 4; ++affine) {
+    const bool has_w = (affine & 1) != 0, has_b = (affine & 2) != 0;
+    SCOPED_TRACE(::testing::Message() << "weight " << has_w << " bias " << has_b);
+    auto leaf = [&](const Tensor& t) {
+      const Tensor l = t.to(device(), DType::f32);
+      l.requires_grad_();
+      return l;
+    };
+    const Tensor x = leaf(rand_input({4, 6, 32}, -2.0, 2.0)), res = leaf(rand_input({4, 6, 32}, -2.0, 2.0));
+    const Tensor w = has_w ? leaf(rand_input({32}, 0.5, 1.5)) : Tensor();
+    const Tensor b = has_b ? leaf(rand_input({32})) : Tensor();
+    const AddLayerNormOutputs fused = add_layer_norm(x, res, {32}, w, b);
+    const Tensor sum = add(x, res), out = layer_norm(sum, {32}, w, b);
+    EXPECT_NE(fused.out.grad_fn_name(), "LayerNormBackward") << "the composed path was taken";
+    EXPECT_EQ(fused.sum.grad_fn_name(), fused.out.grad_fn_name()) << "sum and out come from one node";
+    EXPECT_EQ(fused.sum.dtype(), DType::f32);
+    EXPECT_EQ(fused.out.dtype(), DType::f32);
+    EXPECT_TRUE(allclose(fused.sum, sum.cpu(), {0.0, 0.0}));
+    EXPECT_TRUE(allclose(fused.out, out.cpu(), {1e-5, 1e-5}));
+    autograd::TensorList leaves = {x, res};
+    if (has_w) leaves.push_back(w);
+    if (has_b) leaves.push_back(b);
+    const Tensor gs = rand_input({4, 6, 32}).to(device(), DType::f32);
+    const Tensor go = rand_input({4, 6, 32}).to(device(), DType::f32);
+    const autograd::TensorList gf = autograd::grad({fused.sum, fused.out}, leaves, {gs, go});
+    const autograd::TensorList gc = autograd::grad({sum, out}, leaves, {gs, go});
+    ASSERT_EQ(gf.size(), gc.size());
+    for (size_t i = 0; i < gf.size(); ++i) {
+      ASSERT_TRUE(gf[i].defined()) << "input " << i;
+      EXPECT_EQ(gf[i].dtype(), DType::f32) << "input " << i;
+      EXPECT_TRUE(allclose(gf[i], gc[i].cpu(), {1e-5, 1e-5})) << "gradient of input " << i;
+    }
+  }
+}
+
+// The fused node hands one gradient tensor to both x and residual: their .grad must stay separate tensors (a second
+// backward accumulates into each once), and add_layer_norm(y, y) gives y the sum of both.
+TEST_P(NNGrad, AddLayerNormGradientsOfXAndResidualStaySeparate) {
+  EMBER_REQUIRE_KERNEL(add_layer_norm_stub);
+  EMBER_REQUIRE_KERNEL(layer_norm_backward_stub);
+  EMBER_REQUIRE_ELEMENTWISE();
+  auto leaf = [&](const Tensor& t) {
+    const Tensor l = t.to(device());
+    l.requires_grad_();
+    return l;
+  };
+  const Tensor x0 = rand_input({5, 16}), r0 = rand_input({5, 16}), w0 = rand_input({16}, 0.5, 1.5);
+  const Tensor gs = rand_input({5, 16}).to(device()), go = rand_input({5, 16}).to(device());
+  // Expected: the composed ops' gradients.
+  const Tensor xc = leaf(x0), rc = leaf(r0), wc = leaf(w0);
+  const Tensor sum = add(xc, rc), out = layer_norm(sum, {16}, wc, Tensor());
+  const autograd::TensorList want = autograd::grad({sum, out}, {xc, rc, wc}, {gs, go});
+  const Tensor x = leaf(x0), res = leaf(r0), w = leaf(w0);
+  for (int pass = 0; pass < 2; ++pass) {
+    const AddLayerNormOutputs r = add_layer_norm(x, res, {16}, w, Tensor());
+    autograd::backward({r.sum, r.out}, {gs, go});
+  }
+  ASSERT_TRUE(x.grad().defined() && res.grad().defined() && w.grad().defined());
+  EXPECT_NE(x.grad().raw_data(), res.grad().raw_data()) << "x.grad and residual.grad share memory";
+  EXPECT_TRUE(allclose(x.grad(), (want[0] * 2.0).cpu(), {1e-12, 1e-12}));
+  EXPECT_TRUE(allclose(res.grad(), (want[1] * 2.0).cpu(), {1e-12, 1e-12}));
+  EXPECT_TRUE(allclose(w.grad(), (want[2] * 2.0).cpu(), {1e-12, 1e-12}));
+  // One tensor as both operands.
+  const Tensor y = leaf(x0), yc = leaf(x0);
+  const AddLayerNormOutputs ry = add_layer_norm(y, y, {16});
+  const Tensor sy = add(yc, yc), oy = layer_norm(sy, {16});
+  EXPECT_TRUE(allclose(ry.out, oy.cpu(), {1e-12, 1e-12}));
+  const Tensor gy = autograd::grad({ry.sum, ry.out}, {y}, {gs, go})[0];
+  const Tensor gyc = autograd::grad({sy, oy}, {yc}, {gs, go})[0];
+  EXPECT_TRUE(allclose(gy, gyc.cpu(), {1e-12, 1e-12}));
+}
+
+// Operands the fused kernel does not take (a broadcast residual, mixed dtypes) go through the composed add and
+// layer_norm, with the same results and correct gradients.
+TEST_P(NNGrad, AddLayerNormFallsBackToComposedOps) {
+  EMBER_REQUIRE_KERNEL(layer_norm_stub);
+  EMBER_REQUIRE_KERNEL(layer_norm_backward_stub);
+  EMBER_REQUIRE_ELEMENTWISE();
+  // A residual [1, C] broadcast over x [B, T, C].
+  for (AddNormUse use : {AddNormUse::Both, AddNormUse::Out}) {
+    GradCase c{std::string("add_layer_norm broadcast residual using ") + use_name(use),
+               {noncontiguous_input({3, 4, 5}, -2.0, 2.0), rand_input({1, 5}, -2.0, 2.0), rand_input({5}, 0.5, 1.5),
+                rand_input({5}), rand_input({3, 4, 5}), rand_input({3, 4, 5})},
+               add_layer_norm_fn({5}, use)};
+    c.wrt = {0, 1, 2, 3};
+    c.dtypes = {DType::f32, DType::f16, DType::bf16};
+    check_grad(c, device());
+  }
+  {
+    const Tensor x = rand_input({3, 4, 5}).to(device(), DType::f32), res = rand_input({1, 5}).to(device(), DType::f32);
+    x.requires_grad_();
+    res.requires_grad_();
+    const AddLayerNormOutputs r = add_layer_norm(x, res, {5});
+    EXPECT_EQ(r.sum.sizes(), x.sizes());
+    EXPECT_EQ(r.out.sizes(), x.sizes());
+    EXPECT_EQ(r.sum.grad_fn_name(), "AddBackward");
+    EXPECT_EQ(r.out.grad_fn_name(), "LayerNormBackward");
+    const Tensor sum = add(x, res);
+    EXPECT_TRUE(allclose(r.sum, sum.cpu(), {0.0, 0.0}));
+    EXPECT_TRUE(allclose(r.out, layer_norm(sum, {5}).cpu(), {0.0, 0.0}));
+  }
+  // Mixed dtypes (as under autocast): an f16 x and an f32 residual.
+  {
+    const Tensor x = rand_input({4, 8}).to(device(), DType::f16), res = rand_input({4, 8}).to(device(), DType::f32);
+    const Tensor w = rand_input({8}, 0.5, 1.5).to(device(), DType::f32);
+    for (const Tensor& t : {x, res, w}) t.requires_grad_();
+    const AddLayerNormOutputs r = add_layer_norm(x, res, {8}, w, Tensor());
+    EXPECT_EQ(r.out.grad_fn_name(), "LayerNormBackward");
+    const Tensor sum = add(x, res), out = layer_norm(sum, {8}, w, Tensor());
+    EXPECT_EQ(r.sum.dtype(), sum.dtype());
+    EXPECT_EQ(r.out.dtype(), out.dtype());
+    EXPECT_TRUE(allclose(r.sum, sum.cpu(), {0.0, 0.0}));
+    EXPECT_TRUE(allclose(r.out, out.cpu(), {0.0, 0.0}));
+    const Tensor gs = rand_input({4, 8}).to(device(), sum.dtype()), go = rand_input({4, 8}).to(device(), out.dtype());
+    const autograd::TensorList gf = autograd::grad({r.sum, r.out}, {x, res, w}, {gs, go});
+    const autograd::TensorList gc = autograd::grad({sum, out}, {x, res, w}, {gs, go});
+    for (size_t i = 0; i < gf.size(); ++i) {
+      EXPECT_EQ(gf[i].dtype(), i == 0 ? DType::f16 : DType::f32) << "input " << i;
+      EXPECT_TRUE(allclose(gf[i], gc[i].cpu(), {0.0, 0.0})) << "gradient of input " << i;
+    }
+  }
+}
+
+TEST_P(NNGrad, BiasGelu) {
+  EMBER_REQUIRE_KERNEL(bias_gelu_stub);
+  EMBER_REQUIRE_KERNEL(bias_gelu_backward_stub);
+  for (GeluApprox approx : {GeluApprox::None, GeluApprox::Tanh}) {
+    const std::string name = std::string("bias_gelu ") + (approx == GeluApprox::Tanh ? "tanh" : "erf");
+    GradCase c{name, {noncontiguous_input({3, 4, 5}, -3.0, 3.0), noncontiguous_input({5})},
+               [approx](const Inputs& in) { return bias_gelu(in[0], in[1], approx); }};
+    c.dtypes = {DType::f32, DType::f16, DType::bf16};
+    check_grad(c, device());
+    GradCase one{name + " 1-d", {rand_input({6}, -3.0, 3.0), rand_input({6})},
+                 [approx](const Inputs& in) { return bias_gelu(in[0], in[1], approx); }};
+    check_grad(one, device());
+    for (size_t wrt : {size_t{0}, size_t{1}}) {
+      GradCase part{name + " wrt " + std::to_string(wrt), {rand_input({7, 4}, -3.0, 3.0), rand_input({4})},
+                    [approx](const Inputs& in) { return bias_gelu(in[0], in[1], approx); }};
+      part.wrt = {wrt};
+      check_grad(part, device());
+    }
+  }
 }
 
 // ---- embedding -------------------------------------------------------------------------------------------------

@@ -30,6 +30,8 @@ struct LayerNormBackwardArgs {
   const S* mean;
   const S* rstd;
   int64_t m_s, r_s;
+  const T* add;  // null: no grad_add
+  int64_t add_rs, add_cs;
 };
 
 // grad_x for rows [r0, r1). Unit: g, x and weight have unit column stride (the loops then vectorise).
@@ -68,7 +70,14 @@ void grad_x_rows(const LayerNormBackwardArgs<T, P, S>& a, T* gx, int64_t r0, int
     }
     const M ma = static_cast<M>(ta / static_cast<double>(n)), mb = static_cast<M>(tb / static_cast<double>(n));
     T* out = gx + r * n;
-    for (int64_t c = 0; c < n; ++c) out[c] = T(k * (dxhat(c) - ma - xhat(c) * mb));
+    if (a.add) {  // the residual stream's gradient, added before the one rounding
+      const T* add = a.add + r * a.add_rs;
+      const int64_t acs = Unit ? 1 : a.add_cs;
+      for (int64_t c = 0; c < n; ++c)
+        out[c] = T(k * (dxhat(c) - ma - xhat(c) * mb) + static_cast<M>(add[c * acs]));
+    } else {
+      for (int64_t c = 0; c < n; ++c) out[c] = T(k * (dxhat(c) - ma - xhat(c) * mb));
+    }
   }
 }
 
@@ -99,8 +108,8 @@ void affine_columns(const LayerNormBackwardArgs<T, P, S>& a, P* gw, P* gb, int64
 
 template <class T, class P, class S>
 void layer_norm_backward_typed(const Tensor& g, const Tensor& x, const Tensor& weight, const Tensor& mean,
-                               const Tensor& rstd, const Tensor& grad_x, const Tensor& grad_weight,
-                               const Tensor& grad_bias) {
+                               const Tensor& rstd, const Tensor& grad_add, const Tensor& grad_x,
+                               const Tensor& grad_weight, const Tensor& grad_bias) {
   LayerNormBackwardArgs<T, P, S> a{};
   a.rows = g.size(0);
   a.cols = g.size(1);
@@ -120,7 +129,12 @@ void layer_norm_backward_typed(const Tensor& g, const Tensor& x, const Tensor& w
     a.w = static_cast<const P*>(weight.raw_data());
     a.w_s = weight.stride(0);
   }
-  const bool unit = a.g_cs == 1 && (!a.x || a.x_cs == 1) && (!a.w || a.w_s == 1);
+  if (grad_add.defined()) {
+    a.add = static_cast<const T*>(grad_add.raw_data());
+    a.add_rs = grad_add.stride(0);
+    a.add_cs = grad_add.stride(1);
+  }
+  const bool unit = a.g_cs == 1 && (!a.x || a.x_cs == 1) && (!a.w || a.w_s == 1) && (!a.add || a.add_cs == 1);
   if (grad_x.defined() && a.rows > 0) {
     T* gx = static_cast<T*>(grad_x.raw_data());
     const int64_t grain = std::max<int64_t>(1, kElementGrain / std::max<int64_t>(a.cols, 1));
@@ -150,20 +164,23 @@ void layer_norm_backward_typed(const Tensor& g, const Tensor& x, const Tensor& w
 }
 
 void layer_norm_backward_kernel(const Tensor& g, const Tensor& x, const Tensor& weight, const Tensor& mean,
-                                const Tensor& rstd, const Tensor& grad_x, const Tensor& grad_weight,
-                                const Tensor& grad_bias) {
+                                const Tensor& rstd, const Tensor& grad_add, const Tensor& grad_x,
+                                const Tensor& grad_weight, const Tensor& grad_bias) {
   // x's dtype decides T; without x (grad_bias alone) T = P. The front end (ops_norm.cpp) checked the pairing.
   const DType xt = x.defined() ? x.dtype() : g.dtype();
   if (g.dtype() != xt) {  // mixed: f16/bf16 x, f32 g/weight/affine gradients
     if (xt == DType::f16)
-      layer_norm_backward_typed<Half, float, float>(g, x, weight, mean, rstd, grad_x, grad_weight, grad_bias);
+      layer_norm_backward_typed<Half, float, float>(g, x, weight, mean, rstd, grad_add, grad_x, grad_weight,
+                                                    grad_bias);
     else
-      layer_norm_backward_typed<BFloat16, float, float>(g, x, weight, mean, rstd, grad_x, grad_weight, grad_bias);
+      layer_norm_backward_typed<BFloat16, float, float>(g, x, weight, mean, rstd, grad_add, grad_x, grad_weight,
+                                                        grad_bias);
     return;
   }
   EMBER_DISPATCH_FLOAT(xt, "layer_norm_backward", [&] {
     using stats_t = std::conditional_t<std::is_same_v<scalar_t, double>, double, float>;
-    layer_norm_backward_typed<scalar_t, scalar_t, stats_t>(g, x, weight, mean, rstd, grad_x, grad_weight, grad_bias);
+    layer_norm_backward_typed<scalar_t, scalar_t, stats_t>(g, x, weight, mean, rstd, grad_add, grad_x,
+                                                           grad_weight, grad_bias);
   });
 }
 

@@ -49,19 +49,27 @@ double lane_sum(int64_t n, F&& f) {
 }
 
 // T: x's element type; P: weight, bias and out (T itself, or float for the mixed f16/bf16-in, f32-out form);
-// S: the statistics.
+// S: the statistics. With `residual` defined, the row normalised is x + residual, rounded to T and stored into `sum`
+// first (add_layer_norm), then read back from there: the same values and order as layer norm of the stored sum.
 template <class T, class P, class S>
-void layer_norm_typed(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps, const Tensor& out,
-                      const Tensor& mean, const Tensor& rstd) {
+void layer_norm_typed(const Tensor& x, const Tensor& residual, const Tensor& sum, const Tensor& weight,
+                      const Tensor& bias, double eps, const Tensor& out, const Tensor& mean, const Tensor& rstd) {
   using math_t = op_math_t<T>;
-  const int64_t rows = x.size(0), cols = x.size(1), rs = x.stride(0), cs = x.stride(1);
-  const T* px = static_cast<const T*>(x.raw_data());
+  const int64_t rows = x.size(0), cols = x.size(1);
+  const bool fused = residual.defined();
+  const int64_t rs = fused ? cols : x.stride(0), cs = fused ? 1 : x.stride(1);
+  const T* px = static_cast<const T*>(fused ? sum.raw_data() : x.raw_data());
+  T* ps = fused ? static_cast<T*>(sum.raw_data()) : nullptr;
+  const T* pa = fused ? static_cast<const T*>(x.raw_data()) : nullptr;
+  const T* pr = fused ? static_cast<const T*>(residual.raw_data()) : nullptr;
+  const int64_t a_rs = fused ? x.stride(0) : 0, a_cs = fused ? x.stride(1) : 0;
+  const int64_t r_rs = fused ? residual.stride(0) : 0, r_cs = fused ? residual.stride(1) : 0;
   const P* pw = weight.defined() ? static_cast<const P*>(weight.raw_data()) : nullptr;
   const P* pb = bias.defined() ? static_cast<const P*>(bias.raw_data()) : nullptr;
   const int64_t ws = weight.defined() ? weight.stride(0) : 0, bs = bias.defined() ? bias.stride(0) : 0;
   P* po = static_cast<P*>(out.raw_data());
   S* pm = static_cast<S*>(mean.raw_data());
-  S* pr = static_cast<S*>(rstd.raw_data());
+  S* pk = static_cast<S*>(rstd.raw_data());
   // Rows are independent: they are split over the CPU threads, each computed as serially. The two row sums run in
   // kLanes interleaved double accumulators (element j in lane j % kLanes, lanes added in order), so they vectorise
   // and stay independent of the thread count.
@@ -69,6 +77,17 @@ void layer_norm_typed(const Tensor& x, const Tensor& weight, const Tensor& bias,
   // One row; `stride` is x's column stride, a compile-time 1 for rows with unit stride (the loops then vectorise).
   auto row_norm = [&](int64_t r, auto stride) {
     const T* row = cols > 0 ? px + r * rs : px;  // an empty x may have no storage (null px): no offset applied
+    if (fused && cols > 0) {  // the sum row, as ops::add computes it: in math_t, rounded to T
+      T* srow = ps + r * cols;
+      const T* arow = pa + r * a_rs;
+      const T* rrow = pr + r * r_rs;
+      if (a_cs == 1 && r_cs == 1) {
+        for (int64_t j = 0; j < cols; ++j) srow[j] = T(static_cast<math_t>(arow[j]) + static_cast<math_t>(rrow[j]));
+      } else {
+        for (int64_t j = 0; j < cols; ++j)
+          srow[j] = T(static_cast<math_t>(arow[j * a_cs]) + static_cast<math_t>(rrow[j * r_cs]));
+      }
+    }
     auto value = [&](int64_t j) { return static_cast<double>(static_cast<math_t>(row[j * stride])); };
     const double mu = lane_sum(cols, value) / static_cast<double>(cols);
     const double ss = lane_sum(cols, [&](int64_t j) {
@@ -77,7 +96,7 @@ void layer_norm_typed(const Tensor& x, const Tensor& weight, const Tensor& bias,
     });
     const double inv = 1.0 / std::sqrt(ss / static_cast<double>(cols) + eps);
     pm[r] = static_cast<S>(mu);
-    pr[r] = static_cast<S>(inv);
+    pk[r] = static_cast<S>(inv);
     const math_t m = static_cast<math_t>(mu), k = static_cast<math_t>(inv);
     P* y = po + r * cols;
     for (int64_t j = 0; j < cols; ++j) {
@@ -97,24 +116,30 @@ void layer_norm_typed(const Tensor& x, const Tensor& weight, const Tensor& bias,
   });
 }
 
-void layer_norm_kernel(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps, const Tensor& out,
-                       const Tensor& mean, const Tensor& rstd) {
+void add_layer_norm_kernel(const Tensor& x, const Tensor& residual, const Tensor& weight, const Tensor& bias,
+                           double eps, const Tensor& sum, const Tensor& out, const Tensor& mean, const Tensor& rstd) {
   if (out.dtype() != x.dtype()) {  // mixed: f16/bf16 x, f32 weight/bias/out (ops_norm.cpp checks the pairing)
     if (x.dtype() == DType::f16)
-      layer_norm_typed<Half, float, float>(x, weight, bias, eps, out, mean, rstd);
+      layer_norm_typed<Half, float, float>(x, residual, sum, weight, bias, eps, out, mean, rstd);
     else
-      layer_norm_typed<BFloat16, float, float>(x, weight, bias, eps, out, mean, rstd);
+      layer_norm_typed<BFloat16, float, float>(x, residual, sum, weight, bias, eps, out, mean, rstd);
     return;
   }
   EMBER_DISPATCH_FLOAT(x.dtype(), "layer_norm", [&] {
     using stats_t = std::conditional_t<std::is_same_v<scalar_t, double>, double, float>;
-    layer_norm_typed<scalar_t, scalar_t, stats_t>(x, weight, bias, eps, out, mean, rstd);
+    layer_norm_typed<scalar_t, scalar_t, stats_t>(x, residual, sum, weight, bias, eps, out, mean, rstd);
   });
+}
+
+void layer_norm_kernel(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps, const Tensor& out,
+                       const Tensor& mean, const Tensor& rstd) {
+  add_layer_norm_kernel(x, Tensor(), weight, bias, eps, Tensor(), out, mean, rstd);
 }
 
 }  // namespace
 
 EMBER_REGISTER_KERNEL(softmax, DeviceType::CPU, softmax_kernel);
 EMBER_REGISTER_KERNEL(layer_norm, DeviceType::CPU, layer_norm_kernel);
+EMBER_REGISTER_KERNEL(add_layer_norm, DeviceType::CPU, add_layer_norm_kernel);
 
 }  // namespace ember::kernels::cpu

@@ -44,6 +44,8 @@ struct Args {
   const void* weight;
   const void* mean;
   const void* rstd;
+  const void* grad_add;  // T, or null: added to grad_x before its rounding
+  int64_t add_rs, add_cs;
   void* grad_x;
 };
 
@@ -65,11 +67,14 @@ __device__ __forceinline__ void grad_x_row(const Args& a, int64_t row, int tid, 
   const A n = static_cast<A>(a.cols);
   const A ma = reduce(sa) / n, mb = reduce(sb) / n;
   T* out = static_cast<T*>(a.grad_x) + row * a.cols;
+  const T* add = a.grad_add ? static_cast<const T*>(a.grad_add) + row * a.add_rs : nullptr;
   for (int64_t j = tid; j < a.cols; j += nt) {
     A d = static_cast<A>(g[j * a.g_cs]);
     if (w) d *= static_cast<A>(w[j]);
     const A xhat = (static_cast<A>(x[j * a.x_cs]) - mu) * k;
-    out[j] = T(k * (d - ma - xhat * mb));
+    A v = k * (d - ma - xhat * mb);
+    if (add) v += static_cast<A>(add[j * a.add_cs]);
+    out[j] = T(v);
   }
 }
 
@@ -199,12 +204,12 @@ void launch(const Args& a, const Tensor& grad_weight, const Tensor& grad_bias, D
 }
 
 void layer_norm_backward_cuda(const Tensor& g, const Tensor& x, const Tensor& weight, const Tensor& mean,
-                              const Tensor& rstd, const Tensor& grad_x, const Tensor& grad_weight,
-                              const Tensor& grad_bias) {
+                              const Tensor& rstd, const Tensor& grad_add, const Tensor& grad_x,
+                              const Tensor& grad_weight, const Tensor& grad_bias) {
   const char* op = "layer_norm_backward";
   const Device device = g.device();
   EMBER_CHECK(device.is_cuda(), DeviceError, op, ": the CUDA kernel got ", g.description());
-  for (const Tensor* t : {&x, &weight, &mean, &rstd, &grad_x, &grad_weight, &grad_bias})
+  for (const Tensor* t : {&x, &weight, &mean, &rstd, &grad_add, &grad_x, &grad_weight, &grad_bias})
     EMBER_CHECK(!t->defined() || t->device() == device, DeviceError, op, ": the CUDA kernel got ", t->description(),
                 " (expected ", device.str(), ")");
   EMBER_CHECK(g.dim() == 2, ShapeError, op, ": the CUDA kernel takes g as [rows, cols], got ", g.description());
@@ -228,6 +233,13 @@ void layer_norm_backward_cuda(const Tensor& g, const Tensor& x, const Tensor& we
     a.rstd = rstd.raw_data();
   }
   a.grad_x = grad_x.defined() ? grad_x.raw_data() : nullptr;
+  if (grad_x.defined() && grad_add.defined()) {
+    EMBER_CHECK(grad_add.sizes() == g.sizes() && grad_add.dtype() == grad_x.dtype(), ShapeError, op, ": grad_add ",
+                grad_add.description(), " must match grad_x ", grad_x.description());
+    a.grad_add = grad_add.raw_data();
+    a.add_rs = grad_add.stride(0);
+    a.add_cs = grad_add.stride(1);
+  }
   if (a.cols == 0) return;
   DeviceGuard guard(device.index);
   const cudaStream_t stream = ::ember::cuda::current_stream(device.index).get();

@@ -194,7 +194,25 @@ struct LayerNormArgs {
   void* out;
   void* mean;
   void* rstd;
+  // add_layer_norm (Note [Residual add and layer norm] in ops_norm.cpp): the row normalised is x + residual, rounded
+  // to T and stored into sum [rows, cols] (contiguous) by the pass that first reads it. Null for layer_norm.
+  const void* residual;
+  int64_t res_row_stride, res_col_stride;
+  void* sum;
 };
+
+// Element k of the row normalised: x's, or the rounded x + residual (stored into sum when `store`: once per element,
+// by the first pass over the row).
+template <class T>
+__device__ __forceinline__ op_math_t<T> layer_norm_load(const LayerNormArgs& a, int64_t row, const T* x, int64_t k,
+                                                        bool store) {
+  using A = op_math_t<T>;
+  if (a.residual == nullptr) return static_cast<A>(x[k * a.col_stride]);
+  const T* r = static_cast<const T*>(a.residual) + row * a.res_row_stride;
+  const T s = T(static_cast<A>(x[k * a.col_stride]) + static_cast<A>(r[k * a.res_col_stride]));
+  if (store) static_cast<T*>(a.sum)[row * a.cols + k] = s;
+  return static_cast<A>(s);
+}
 
 // out[row, j] from x's value v, as the CPU: (v - mean) * rstd, times weight, plus bias. P: the element type of
 // weight, bias and out (T, or float for the mixed form), chosen once per kernel so the element loop has one path.
@@ -222,7 +240,7 @@ template <class T, class P, class A>
 __device__ __forceinline__ void layer_norm_block_write(const LayerNormArgs& a, int64_t row, const T* x, const A* cache,
                                                        bool cached, A mu, A inv) {
   for (int64_t k = threadIdx.x; k < a.cols; k += blockDim.x)
-    layer_norm_store<P>(a, row, k, cached ? cache[k] : static_cast<A>(x[k * a.col_stride]), mu, inv);
+    layer_norm_store<P>(a, row, k, cached ? cache[k] : layer_norm_load<T>(a, row, x, k, false), mu, inv);
 }
 
 template <class T>
@@ -246,7 +264,7 @@ __global__ void __launch_bounds__(kWarpThreads) layer_norm_warp_kernel(LayerNorm
     EMBER_UNROLL
     for (int i = 0; i < kWarpPerLane; ++i) {
       const int64_t k = lane + static_cast<int64_t>(i) * kWarpSize;
-      v[i] = k < a.cols ? static_cast<acc_t>(x[k * a.col_stride]) : acc_t(0);
+      v[i] = k < a.cols ? layer_norm_load<T>(a, row, x, k, true) : acc_t(0);
       s += v[i];
     }
     const acc_t mu = warp_all_reduce(s, SumOp{}) / n;
@@ -284,14 +302,14 @@ __global__ void __launch_bounds__(kBlockThreads) layer_norm_block_kernel(LayerNo
     const T* x = static_cast<const T*>(a.x) + row * a.row_stride;
     acc_t s = 0;
     for (int64_t k = threadIdx.x; k < a.cols; k += blockDim.x) {
-      const acc_t v = static_cast<acc_t>(x[k * a.col_stride]);
+      const acc_t v = layer_norm_load<T>(a, row, x, k, true);
       if (cached) cache[k] = v;
       s += v;
     }
     const acc_t mu = block_all_reduce(s, SumOp{}, acc_t(0), slots) / n;
     acc_t ss = 0;
     for (int64_t k = threadIdx.x; k < a.cols; k += blockDim.x) {
-      const acc_t d = (cached ? cache[k] : static_cast<acc_t>(x[k * a.col_stride])) - mu;
+      const acc_t d = (cached ? cache[k] : layer_norm_load<T>(a, row, x, k, false)) - mu;
       ss += d * d;
     }
     const acc_t inv = acc_t(1) / ember_sqrt(block_all_reduce(ss, SumOp{}, acc_t(0), slots) / n + eps);
@@ -359,9 +377,10 @@ void launch_softmax(const char* op, const Tensor& in, const Tensor& out, int64_t
 }
 
 template <class T>
-void launch_layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps, const Tensor& out,
-                       const Tensor& mean, const Tensor& rstd, cudaStream_t stream) {
-  LayerNormArgs a;
+void launch_layer_norm(const Tensor& x, const Tensor& residual, const Tensor& sum, const Tensor& weight,
+                       const Tensor& bias, double eps, const Tensor& out, const Tensor& mean, const Tensor& rstd,
+                       cudaStream_t stream) {
+  LayerNormArgs a{};
   a.x = x.raw_data();
   a.rows = x.size(0);
   a.cols = x.size(1);
@@ -374,6 +393,12 @@ void launch_layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias
   a.out = out.raw_data();
   a.mean = mean.raw_data();
   a.rstd = rstd.raw_data();
+  if (residual.defined()) {
+    a.residual = residual.raw_data();
+    a.res_row_stride = residual.stride(0);
+    a.res_col_stride = residual.stride(1);
+    a.sum = sum.raw_data();
+  }
   const int device = out.device().index;
   if (a.cols <= kWarpMaxCols) {
     // One row per warp, no grid-stride loop (Note [Softmax and layer norm kernel shapes]): one block per
@@ -414,13 +439,18 @@ void softmax_cuda(const Tensor& in, const Tensor& out, int64_t dim, bool log) {
   EMBER_DISPATCH_FLOAT(in.dtype(), op, [&] { launch_softmax<scalar_t>(op, in, out, dim, log, stream); });
 }
 
-void layer_norm_cuda(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps, const Tensor& out,
-                     const Tensor& mean, const Tensor& rstd) {
-  const char* op = "layer_norm";
+void add_layer_norm_cuda(const Tensor& x, const Tensor& residual, const Tensor& weight, const Tensor& bias, double eps,
+                         const Tensor& sum, const Tensor& out, const Tensor& mean, const Tensor& rstd) {
+  const char* op = residual.defined() ? "add_layer_norm" : "layer_norm";
   const Device device = out.device();
   EMBER_CHECK(device.is_cuda(), DeviceError, op, ": the CUDA kernel got ", out.description());
-  for (const Tensor* t : {&x, &weight, &bias, &mean, &rstd})
+  for (const Tensor* t : {&x, &residual, &sum, &weight, &bias, &mean, &rstd})
     if (t->defined()) check_on_device(op, *t, device);
+  if (residual.defined())
+    EMBER_CHECK(residual.sizes() == x.sizes() && residual.dtype() == x.dtype() && sum.defined() &&
+                    sum.sizes() == x.sizes() && sum.dtype() == x.dtype() && sum.is_contiguous(),
+                ShapeError, op, ": residual ", residual.description(), " and sum ", sum.description(),
+                " must match x ", x.description(), " (sum contiguous)");
   EMBER_CHECK(x.dim() == 2, ShapeError, op, ": the CUDA kernel takes x as [rows, cols], got ", x.description());
   const int64_t rows = x.size(0), cols = x.size(1);
   const DType xt = x.dtype();
@@ -451,12 +481,19 @@ void layer_norm_cuda(const Tensor& x, const Tensor& weight, const Tensor& bias, 
   // contiguous [cols] first, on this stream, so the kernels index them by column alone.
   const Tensor w = weight.defined() ? weight.contiguous() : Tensor();
   const Tensor b = bias.defined() ? bias.contiguous() : Tensor();
-  EMBER_DISPATCH_FLOAT(xt, op, [&] { launch_layer_norm<scalar_t>(x, w, b, eps, out, mean, rstd, stream); });
+  EMBER_DISPATCH_FLOAT(xt, op,
+                       [&] { launch_layer_norm<scalar_t>(x, residual, sum, w, b, eps, out, mean, rstd, stream); });
+}
+
+void layer_norm_cuda(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps, const Tensor& out,
+                     const Tensor& mean, const Tensor& rstd) {
+  add_layer_norm_cuda(x, Tensor(), weight, bias, eps, Tensor(), out, mean, rstd);
 }
 
 }  // namespace
 
 EMBER_REGISTER_KERNEL(softmax, DeviceType::CUDA, softmax_cuda);
 EMBER_REGISTER_KERNEL(layer_norm, DeviceType::CUDA, layer_norm_cuda);
+EMBER_REGISTER_KERNEL(add_layer_norm, DeviceType::CUDA, add_layer_norm_cuda);
 
 }  // namespace ember::kernels::cuda
