@@ -356,6 +356,27 @@ TEST_P(ReduceTest, LargeReductionsSplitOverBlocks) {
   }
 }
 
+TEST_P(ReduceTest, WholeTensorSumsOfLargeViews) {
+  // Sums and means of every element of 200000-element views (Note [Whole-tensor sums through CUB] in
+  // ember/kernels/cuda/reduce.cu): a contiguous view at a storage offset (CUDA: the CUB path) and a transposed one
+  // (the split kernels), over all dims and over an explicit list of them.
+  EMBER_REQUIRE_KERNEL(reduce_stub);
+  const Tensor big = rand_input({3, 100000}, 0.5, 1.5);
+  for (Red op : {Red::Sum, Red::Mean}) {
+    SCOPED_TRACE(red_name(op));
+    OpCase tail{red_name(op), {big}, [=](const Inputs& in) { return run(op, in[0].narrow(0, 1, 2), {}, false); }};
+    tail.reference = [=](const Inputs& in) { return ref_reduce(in[0].narrow(0, 1, 2), {}, false, op); };
+    OpCase both{red_name(op), {big}, [=](const Inputs& in) { return run(op, in[0].narrow(0, 1, 2), {0, 1}, true); }};
+    both.reference = [=](const Inputs& in) { return ref_reduce(in[0].narrow(0, 1, 2), {0, 1}, true, op); };
+    OpCase t{red_name(op), {big}, [=](const Inputs& in) { return run(op, in[0].t(), {}, false); }};
+    t.reference = [=](const Inputs& in) { return ref_reduce(in[0].t(), {}, false, op); };
+    for (OpCase* c : {&tail, &both, &t}) {
+      if (op == Red::Sum) c->dtypes = {DType::f32, DType::f64};  // 3e5 overflows f16
+      check_op(*c, device());
+    }
+  }
+}
+
 TEST_P(ReduceTest, LargeIntegerSumsAreExact) {
   EMBER_REQUIRE_KERNEL(reduce_stub);
   const int64_t rows = 3000, cols = 1000;

@@ -8,6 +8,8 @@
 #include <type_traits>
 #include <vector>
 
+#include <cub/device/device_reduce.cuh>
+
 #include "ember/base/cuda_check.h"
 #include "ember/kernels/convert.h"
 #include "ember/kernels/cuda/stream.h"
@@ -408,6 +410,51 @@ Plan plan_reduction(int64_t n_out, int64_t R, const OffsetCalculator<1>& kept, c
 
 memory::StreamId stream_id(cudaStream_t s) { return static_cast<memory::StreamId>(reinterpret_cast<uintptr_t>(s)); }
 
+// Note [Whole-tensor sums through CUB]
+// The sum or mean of every element of a contiguous floating tensor (a loss, the squares of a gradient norm) is one
+// output of R elements, where the library's device-wide reduction fits: cub::DeviceReduce::Reduce reads T with
+// vectorised loads and adds in acc_t<T> (Note [Reduction accumulator]: double for f32) into one accumulator in
+// scratch, which a one-thread kernel stores as the other paths do (store_result: the mean's division, the rounding
+// to T). CUB's temporary storage is sized by its query call and taken, with the accumulator, from the caching
+// allocator on the reduction's stream. CUB's sums are run-to-run deterministic on one device (its tiling follows the
+// architecture); smaller reductions stay on the warp and block kernels, which need one launch.
+constexpr int64_t kCubMinR = int64_t{1} << 16;
+constexpr int64_t kCubScratchAlign = 256;  // the accumulator's slot in front of CUB's storage
+
+// Adds in A whatever CUB pairs up (accumulators and loaded elements), so its accumulator type is A.
+template <class A>
+struct AccSum {
+  template <class U, class V>
+  __host__ __device__ __forceinline__ A operator()(const U& a, const V& b) const {
+    return static_cast<A>(a) + static_cast<A>(b);
+  }
+};
+
+template <class T, class A>
+__global__ void store_sum_kernel(ReduceParams p, const A* acc, void* out) {
+  store_result<T, A>(p, State<A>{*acc, A(0), 0}, out, 0);
+}
+
+template <class T>
+void cub_sum(const ReduceParams& p, const T* src, int64_t R, void* out, Device device, cudaStream_t stream) {
+  using A = acc_t<T>;
+  size_t temp_bytes = 0;
+  EMBER_CUDA_CHECK(
+      cub::DeviceReduce::Reduce(nullptr, temp_bytes, src, static_cast<A*>(nullptr), R, AccSum<A>{}, A(0), stream));
+  Tensor scratch;
+  {
+    memory::PhaseScope workspace(memory::Phase::Workspace);
+    scratch = empty_on_stream({kCubScratchAlign + static_cast<int64_t>(temp_bytes)}, TensorOptions(DType::u8, device),
+                              stream_id(stream));
+  }
+  auto* base = static_cast<unsigned char*>(scratch.raw_data());
+  A* acc = reinterpret_cast<A*>(base);
+  EMBER_CUDA_CHECK(
+      cub::DeviceReduce::Reduce(base + kCubScratchAlign, temp_bytes, src, acc, R, AccSum<A>{}, A(0), stream));
+  store_sum_kernel<T, A><<<1, 1, 0, stream>>>(p, acc, out);
+  EMBER_CUDA_LAUNCH_CHECK();
+}
+
 template <class T>
 void launch_one(const ReduceParams& p, const Plan& pl, const T* in, const State<acc_t<T>>* partial_in, void* out,
                 State<acc_t<T>>* partial_out, cudaStream_t stream) {
@@ -439,6 +486,12 @@ void launch_reduce(ReduceOp op, const Tensor& in, const Tensor& out, const std::
   p.correction = correction;
   p.kept = make_offset_calculator<1>(kept_sizes, std::array<const Shape*, 1>{&in.strides()}, name);
   p.reduced = make_offset_calculator<1>(red_sizes, std::array<const Shape*, 1>{&in.strides()}, name);
+  if constexpr (std::is_floating_point_v<op_math_t<T>>) {
+    if ((op == ReduceOp::Sum || op == ReduceOp::Mean) && p.n_out == 1 && R >= kCubMinR && in.is_contiguous()) {
+      cub_sum<T>(p, static_cast<const T*>(in.raw_data()), R, out.raw_data(), device, stream);  // Note above
+      return;
+    }
+  }
   const int sm_count = device_properties(device.index).sm_count;
   const Plan pl = plan_reduction(p.n_out, R, p.kept, p.reduced, sm_count, /*allow_split=*/true);
   p.r_in_x = pl.r_in_x;
