@@ -119,6 +119,15 @@ int main(int argc, char** argv) {
     rows.push_back({"sum(dim 1) f32", shape, nb * 4, median_ms(iters, [&] { (void)sum(m, {1}); })});
     const Tensor w = ones({1024}, f32), b = zeros({1024}, f32);
     rows.push_back({"layer_norm f32", shape, 2 * nb * 4, median_ms(iters, [&] { (void)layer_norm(m, {1024}, w, b); })});
+    // Residual add + layer norm: x and residual read, the sum and the normalised rows written.
+    const Tensor res = y.reshape({r, 1024});
+    rows.push_back({"add_layer_norm f32 (fused)", shape, 4 * nb * 4,
+                    median_ms(iters, [&] { (void)ops::add_layer_norm_with_stats(m, res, {1024}, w, b); })});
+    // Bias + GELU over [rows, 1024]: x read, out written (the bias is 4 KiB); backward reads g and x, writes grad_x.
+    rows.push_back({"bias_gelu f32 (fused)", shape, 2 * nb * 4, median_ms(iters, [&] { (void)ops::bias_gelu(m, b); })});
+    rows.push_back({"bias_gelu backward f32", shape, 3 * nb * 4, median_ms(iters, [&] {
+                      (void)ops::bias_gelu_backward(res, m, b, GeluApprox::None, true, true);
+                    })});
   }
   {
     const int64_t vocab = 50304, tokens = quick ? 256 : 8192;  // GPT-2's padded vocabulary
