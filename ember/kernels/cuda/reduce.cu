@@ -412,13 +412,19 @@ memory::StreamId stream_id(cudaStream_t s) { return static_cast<memory::StreamId
 
 // Note [Whole-tensor sums through CUB]
 // The sum or mean of every element of a contiguous floating tensor (a loss, the squares of a gradient norm) is one
-// output of R elements, where the library's device-wide reduction fits: cub::DeviceReduce::Reduce reads T with
-// vectorised loads and adds in acc_t<T> (Note [Reduction accumulator]: double for f32) into one accumulator in
-// scratch, which a one-thread kernel stores as the other paths do (store_result: the mean's division, the rounding
-// to T). CUB's temporary storage is sized by its query call and taken, with the accumulator, from the caching
+// output of R elements, where the library's device-wide reduction fits: cub::DeviceReduce::Reduce reads T (vectorised
+// for f32/f64; ember's f16/bf16 types are not CUB primitives and load one at a time) and adds in acc_t<T> (Note
+// [Reduction accumulator]: double for f32) into one accumulator in scratch, which a one-thread kernel stores as the
+// other paths do (store_result: the mean's division, the rounding to T). CUB's temporary storage is sized by its query call and taken, with the accumulator, from the caching
 // allocator on the reduction's stream. CUB's sums are run-to-run deterministic on one device (its tiling follows the
 // architecture); smaller reductions stay on the warp and block kernels, which need one launch.
 constexpr int64_t kCubMinR = int64_t{1} << 16;
+// CUB before 2.1.0 takes num_items as int: with it, larger reductions stay on the kernels below.
+#if CUB_VERSION >= 200100
+constexpr int64_t kCubMaxR = std::numeric_limits<int64_t>::max();
+#else
+constexpr int64_t kCubMaxR = std::numeric_limits<int>::max();
+#endif
 constexpr int64_t kCubScratchAlign = 256;  // the accumulator's slot in front of CUB's storage
 
 // Adds in A whatever CUB pairs up (accumulators and loaded elements), so its accumulator type is A.
@@ -487,7 +493,8 @@ void launch_reduce(ReduceOp op, const Tensor& in, const Tensor& out, const std::
   p.kept = make_offset_calculator<1>(kept_sizes, std::array<const Shape*, 1>{&in.strides()}, name);
   p.reduced = make_offset_calculator<1>(red_sizes, std::array<const Shape*, 1>{&in.strides()}, name);
   if constexpr (std::is_floating_point_v<op_math_t<T>>) {
-    if ((op == ReduceOp::Sum || op == ReduceOp::Mean) && p.n_out == 1 && R >= kCubMinR && in.is_contiguous()) {
+    if ((op == ReduceOp::Sum || op == ReduceOp::Mean) && p.n_out == 1 && R >= kCubMinR && R <= kCubMaxR &&
+        in.is_contiguous()) {
       cub_sum<T>(p, static_cast<const T*>(in.raw_data()), R, out.raw_data(), device, stream);  // Note above
       return;
     }
