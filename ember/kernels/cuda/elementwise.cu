@@ -23,6 +23,7 @@ using ::ember::cuda::grid_stride_step;
 using ::ember::cuda::kElementwiseThreads;
 using ::ember::cuda::make_offset_calculator;
 using ::ember::cuda::OffsetCalculator;
+using ::ember::cuda::Pack;
 
 // ---- kernels ----------------------------------------------------------------------------------------------------
 
@@ -101,11 +102,6 @@ __global__ void unary_backward_kernel(UnaryOp op, double p0, double p1, const T*
 // calculator's per-element index math is gone too. Pointers must be 16-byte aligned (the caching allocator's blocks
 // are; a view at an odd storage offset takes the strided kernels). Results equal the strided kernels' exactly: the
 // same element math per element.
-template <class T>
-struct alignas(16) Pack {
-  static constexpr int kSize = 16 / static_cast<int>(sizeof(T));
-  T v[kSize];
-};
 
 // An input of the dense path: a contiguous array of T, or one value repeated (stored as T, or as op_math_t<T> when
 // `is_acc`: Note [Scalar operands] in ops_elementwise.cpp).

@@ -25,6 +25,17 @@ namespace ember::cuda {
 inline constexpr int kMaxIterDims = 8;
 inline constexpr int kElementwiseThreads = 256;
 
+// 16 bytes of T, loaded and stored with one 128-bit access (4 f32, 2 f64, 8 f16/bf16): the dense elementwise paths'
+// unit (Note [Dense elementwise path] in elementwise.cu). Its pointers must be 16-byte aligned.
+template <class T>
+struct alignas(16) Pack {
+  static constexpr int kSize = 16 / static_cast<int>(sizeof(T));
+  T v[kSize];
+};
+
+// Whether p is 16-byte aligned (a Pack may be read from or written to it).
+inline bool pack_aligned(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
 template <int N>
 struct Offsets {
   int64_t v[N];
