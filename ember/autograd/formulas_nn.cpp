@@ -143,13 +143,18 @@ Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& 
   return layer_norm_with_stats(x, normalized_shape, weight, bias, eps).out;
 }
 
-// Note [Residual add and layer norm] in kernels/ops_norm.cpp. Under autocast, or when the fused form does not apply
-// (broadcasting, differing dtypes), the composed ops run: add (promote) and layer_norm (fp32, the mixed form).
+// Note [Residual add and layer norm] in kernels/ops_norm.cpp. Where the fused form does not apply (broadcasting,
+// other dtype pairs) the composed ops run: add (promote) and layer_norm (fp32 under autocast, the mixed form). Under
+// autocast the fused form runs where it computes what they would without casting: an f32 x (the residual stream) with
+// an f32, f16 or bf16 residual and f32 (or no) affine parameters — add promotes to f32 and layer_norm keeps f32.
 AddLayerNormOutputs add_layer_norm(const Tensor& x, const Tensor& residual, const Shape& normalized_shape,
                                    const Tensor& weight, const Tensor& bias, double eps) {
-  const bool fused = x.defined() && residual.defined() && x.dtype() == residual.dtype() &&
-                     x.sizes() == residual.sizes() && is_floating(x.dtype()) &&
-                     !autocast::should_cast({&x, &residual, &weight, &bias});
+  auto is_half = [](const Tensor& t) { return t.dtype() == DType::f16 || t.dtype() == DType::bf16; };
+  auto f32_or_none = [](const Tensor& t) { return !t.defined() || t.dtype() == DType::f32; };
+  bool fused = x.defined() && residual.defined() && x.sizes() == residual.sizes() && is_floating(x.dtype()) &&
+               (x.dtype() == residual.dtype() || (x.dtype() == DType::f32 && is_half(residual)));
+  if (fused && autocast::should_cast({&x, &residual, &weight, &bias}))
+    fused = x.dtype() == DType::f32 && f32_or_none(weight) && f32_or_none(bias);
   if (!fused) {
     Tensor sum = add(x, residual);
     Tensor out = layer_norm(sum, normalized_shape, weight, bias, eps);

@@ -121,7 +121,8 @@ LayerNormGrads layer_norm_backward(const Tensor& g, const Tensor& x, const Tenso
                                    const Tensor& rstd, int64_t normalized_dims, bool need_x, bool need_weight,
                                    bool need_bias, const Tensor& grad_add = Tensor());
 // Residual add + layer norm in one kernel (Note [Residual add and layer norm] in ops_norm.cpp): sum = x + residual
-// (x and residual of one floating dtype and one shape, no broadcasting), rounded to that dtype, and the layer norm
+// (one shape, no broadcasting; one floating dtype, or an f16/bf16 residual with an f32 x), rounded to x's dtype, and
+// the layer norm
 // of sum as layer_norm_with_stats computes it — each element of x and residual read once.
 AddLayerNormResult add_layer_norm_with_stats(const Tensor& x, const Tensor& residual, const Shape& normalized_shape,
                                              const Tensor& weight, const Tensor& bias, double eps = 1e-5);

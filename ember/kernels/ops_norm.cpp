@@ -104,13 +104,18 @@ LayerNormResult layer_norm_with_stats(const Tensor& x, const Shape& normalized_s
 // own. That backward takes the residual stream's gradient as layer_norm_backward's grad_add, so the two gradients
 // reaching the sum are added inside the kernel that writes grad_x (one tensor is then the gradient of both x and
 // residual), not by a separate pass of the engine. Per GPT block this saves a read of the [B, T, C] sum forward and a
-// read and a write of one backward.
+// read and a write of one backward. The residual may also be f16/bf16 when x is f32: under autocast the residual
+// stream stays f32 while the sub-layer's output (a linear's) is f16/bf16, and add promotes the pair to f32 — the
+// fused form computes that same f32 sum.
 AddLayerNormResult add_layer_norm_with_stats(const Tensor& x, const Tensor& residual, const Shape& normalized_shape,
                                              const Tensor& weight, const Tensor& bias, double eps) {
   const char* op = "add_layer_norm";
   EMBER_CHECK(x.defined() && residual.defined(), ValueError, op, ": x and residual must be defined");
-  EMBER_CHECK(x.dtype() == residual.dtype(), DTypeError, op, ": x ", x.description(), " and residual ",
-              residual.description(), " differ in dtype (the fused form does not promote)");
+  const bool half_into_f32 =
+      x.dtype() == DType::f32 && (residual.dtype() == DType::f16 || residual.dtype() == DType::bf16);
+  EMBER_CHECK(x.dtype() == residual.dtype() || half_into_f32, DTypeError, op, ": x ", x.description(),
+              " and residual ", residual.description(),
+              " differ in dtype (the fused form takes one dtype, or an f16/bf16 residual added to an f32 x)");
   EMBER_CHECK(x.sizes() == residual.sizes(), ShapeError, op, ": x ", x.description(), " and residual ",
               residual.description(), " differ in shape (the fused form does not broadcast)");
   return layer_norm_front(op, x, &residual, normalized_shape, weight, bias, eps);

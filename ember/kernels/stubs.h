@@ -97,7 +97,8 @@ using LayerNormFn = void (*)(const Tensor& x, const Tensor& weight, const Tensor
                              const Tensor& mean, const Tensor& rstd);
 EMBER_DECLARE_STUB(layer_norm, LayerNormFn);
 // Residual add + layer norm (Note [Residual add and layer norm] in ops_norm.cpp): sum = x + residual rounded to x's
-// dtype T (x and residual [rows, cols], one dtype, any strides; sum fresh and contiguous), then layer_norm of sum with
+// dtype T (x and residual [rows, cols], any strides, one dtype or an f16/bf16 residual with an f32 x; sum fresh and
+// contiguous, x's dtype), then layer_norm of sum with
 // the layer_norm stub's conventions for weight, bias, out, mean and rstd.
 using AddLayerNormFn = void (*)(const Tensor& x, const Tensor& residual, const Tensor& weight, const Tensor& bias,
                                 double eps, const Tensor& sum, const Tensor& out, const Tensor& mean,

@@ -4,6 +4,7 @@
 // outputs that must carry no history, and the fused add_layer_norm against the composed add and layer_norm.
 #include <algorithm>
 #include <numeric>
+#include <optional>
 #include <random>
 
 #include "ember/autograd/engine.h"
@@ -303,6 +304,47 @@ TEST_P(NNGrad, AddLayerNormFallsBackToComposedOps) {
       EXPECT_TRUE(allclose(gf[i], gc[i].cpu(), {0.0, 0.0})) << "gradient of input " << i;
     }
   }
+}
+
+// The autocast residual stream: an f32 x with an f16/bf16 residual fuses (outside and inside an autocast region)
+// and gives the composed ops' values and gradients; an f16 affine weight under autocast takes the composed ops.
+TEST_P(NNGrad, AddLayerNormHalfResidualIntoF32) {
+  EMBER_REQUIRE_KERNEL(layer_norm_stub);
+  EMBER_REQUIRE_KERNEL(layer_norm_backward_stub);
+  EMBER_REQUIRE_ELEMENTWISE();
+  for (DType rdt : {DType::f16, DType::bf16}) {
+    for (bool in_region : {false, true}) {
+      SCOPED_TRACE(::testing::Message() << dtype_name(rdt) << (in_region ? " under autocast" : ""));
+      const Tensor x = rand_input({4, 8}).to(device(), DType::f32), res = rand_input({4, 8}).to(device(), rdt);
+      const Tensor w = rand_input({8}, 0.5, 1.5).to(device(), DType::f32), b = rand_input({8}).to(device(), DType::f32);
+      for (const Tensor& t : {x, res, w, b}) t.requires_grad_();
+      AddLayerNormOutputs r;
+      Tensor sum, out;
+      {
+        std::optional<AutocastGuard> region;
+        if (in_region) region.emplace(device().type, rdt);
+        r = add_layer_norm(x, res, {8}, w, b);
+        sum = add(x, res);
+        out = layer_norm(sum, {8}, w, b);
+      }
+      EXPECT_NE(r.out.grad_fn_name(), "LayerNormBackward");
+      EXPECT_EQ(r.sum.dtype(), DType::f32);
+      EXPECT_EQ(out.dtype(), DType::f32);
+      EXPECT_TRUE(allclose(r.sum, sum.cpu(), {0.0, 0.0}));
+      EXPECT_TRUE(allclose(r.out, out.cpu(), {1e-6, 1e-6}));
+      const Tensor gs = rand_input({4, 8}).to(device(), DType::f32), go = rand_input({4, 8}).to(device(), DType::f32);
+      const autograd::TensorList gf = autograd::grad({r.sum, r.out}, {x, res, w, b}, {gs, go});
+      const autograd::TensorList gc = autograd::grad({sum, out}, {x, res, w, b}, {gs, go});
+      for (size_t i = 0; i < gf.size(); ++i) {
+        EXPECT_EQ(gf[i].dtype(), i == 1 ? rdt : DType::f32) << "input " << i;
+        EXPECT_TRUE(allclose(gf[i], gc[i].cpu(), {1e-5, 1e-5})) << "gradient of input " << i;
+      }
+    }
+  }
+  const Tensor x = rand_input({4, 8}).to(device(), DType::f32), res = rand_input({4, 8}).to(device(), DType::bf16);
+  const Tensor w16 = rand_input({8}, 0.5, 1.5).to(device(), DType::bf16);
+  AutocastGuard region(device().type, DType::bf16);
+  EXPECT_EQ(add_layer_norm(x.requires_grad_(), res, {8}, w16, Tensor()).out.grad_fn_name(), "LayerNormBackward");
 }
 
 TEST_P(NNGrad, BiasGelu) {

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstring>
 #include <numbers>
+#include <optional>
 #include <vector>
 
 #include "ember/kernels/ops.h"
@@ -143,15 +144,17 @@ enum Affine { kNone = 0, kWeight = 1, kBias = 2, kBoth = 3 };
 // Runs ops::add_layer_norm_with_stats on x_src and r_src (f64 CPU, any strides) rounded to dt on `device`, with
 // weight/bias per `affine` in dt (or f32 when `mixed`), and checks the results' shapes and dtypes, sum against
 // ops::add (bitwise) and the f64 sum, out/mean/rstd against ops::layer_norm_with_stats(sum) (bitwise, on the CPU)
-// and against the f64 layer norm of the rounded sum.
+// and against the f64 layer norm of the rounded sum. res_dt: the residual's dtype (dt unless given: f16/bf16 with an
+// f32 dt is the autocast residual stream's pairing).
 void check_add_layer_norm(const Tensor& x_src, const Tensor& r_src, const Shape& ns, DType dt, bool mixed, int affine,
-                          Device device, double eps = 1e-5) {
+                          Device device, double eps = 1e-5, std::optional<DType> res_dt = std::nullopt) {
   SCOPED_TRACE(::testing::Message() << dtype_name(dt) << (mixed ? " with f32 affine" : "") << " x "
                                     << x_src.description() << " residual " << r_src.description() << " normalised "
                                     << shape_str(ns) << " weight " << ((affine & kWeight) != 0) << " bias "
                                     << ((affine & kBias) != 0) << " eps " << eps);
   const DType pdt = mixed ? DType::f32 : dt;
-  const Tensor x = convert_keep_strides(x_src, dt, device), r = convert_keep_strides(r_src, dt, device);
+  const Tensor x = convert_keep_strides(x_src, dt, device);
+  const Tensor r = convert_keep_strides(r_src, res_dt.value_or(dt), device);
   const Tensor w = (affine & kWeight) != 0 ? rand_input(ns, 0.5, 1.5).to(device, pdt) : Tensor();
   const Tensor b = (affine & kBias) != 0 ? rand_input(ns).to(device, pdt) : Tensor();
   const AddLayerNormResult res = ops::add_layer_norm_with_stats(x, r, ns, w, b, eps);
@@ -226,6 +229,22 @@ TEST_P(AddLayerNormTest, MixedHalfInputWithF32Affine) {
   }
 }
 
+TEST_P(AddLayerNormTest, HalfResidualIntoF32) {
+  // Under autocast the residual stream is f32 and the sub-layer's output f16/bf16: the sum is f32, as ops::add
+  // promotes it. Short rows, cached and uncached block rows (3000 and 9000 f32 columns), a transposed residual.
+  EMBER_REQUIRE_KERNEL(add_layer_norm_stub);
+  EMBER_REQUIRE_KERNEL(layer_norm_stub);
+  EMBER_REQUIRE_KERNEL(binary_stub);
+  for (DType rdt : {DType::f16, DType::bf16}) {
+    for (const Shape& shape : std::vector<Shape>{{5, 7}, {40, 768}, {3, 3000}, {2, 9000}}) {
+      const Tensor x = rand_input(shape, -2.0, 2.0), r = rand_input(shape, -2.0, 2.0);
+      check_add_layer_norm(x, r, {shape.back()}, DType::f32, false, kBoth, device(), 1e-5, rdt);
+    }
+    const Tensor x = rand_input({64, 96}, -2.0, 2.0), r = rand_input({96, 64}, -2.0, 2.0).t();
+    check_add_layer_norm(x, r, {96}, DType::f32, false, kWeight, device(), 1e-5, rdt);
+  }
+}
+
 TEST_P(AddLayerNormTest, StridedAndBroadcastOperands) {
   EMBER_REQUIRE_KERNEL(add_layer_norm_stub);
   EMBER_REQUIRE_KERNEL(layer_norm_stub);
@@ -273,7 +292,8 @@ TEST_P(AddLayerNormTest, Errors) {
   // x and residual: one floating dtype and one shape (no broadcasting).
   (void)error_message<DTypeError>([&] { run(x, zeros({4, 6}, {DType::f64, d}), {6}, w, w); });
   (void)error_message<DTypeError>([&] { run(x.to(DType::f16), x, {6}, Tensor(), Tensor()); });
-  (void)error_message<DTypeError>([&] { run(x, x.to(DType::bf16), {6}, Tensor(), Tensor()); });
+  (void)error_message<DTypeError>([&] { run(x.to(DType::bf16), x, {6}, Tensor(), Tensor()); });
+  (void)error_message<DTypeError>([&] { run(x.to(DType::f16), x.to(DType::bf16), {6}, Tensor(), Tensor()); });
   (void)error_message<DTypeError>([&] {
     run(zeros({4, 6}, {DType::i32, d}), zeros({4, 6}, {DType::i32, d}), {6}, Tensor(), Tensor());
   });

@@ -51,7 +51,8 @@ double lane_sum(int64_t n, F&& f) {
 // T: x's element type; P: weight, bias and out (T itself, or float for the mixed f16/bf16-in, f32-out form);
 // S: the statistics. With `residual` defined, the row normalised is x + residual, rounded to T and stored into `sum`
 // first (add_layer_norm), then read back from there: the same values and order as layer norm of the stored sum.
-template <class T, class P, class S>
+// R: the residual's element type (T, or f16/bf16 added to an f32 x).
+template <class T, class P, class S, class R = T>
 void layer_norm_typed(const Tensor& x, const Tensor& residual, const Tensor& sum, const Tensor& weight,
                       const Tensor& bias, double eps, const Tensor& out, const Tensor& mean, const Tensor& rstd) {
   using math_t = op_math_t<T>;
@@ -61,7 +62,7 @@ void layer_norm_typed(const Tensor& x, const Tensor& residual, const Tensor& sum
   const T* px = static_cast<const T*>(fused ? sum.raw_data() : x.raw_data());
   T* ps = fused ? static_cast<T*>(sum.raw_data()) : nullptr;
   const T* pa = fused ? static_cast<const T*>(x.raw_data()) : nullptr;
-  const T* pr = fused ? static_cast<const T*>(residual.raw_data()) : nullptr;
+  const R* pr = fused ? static_cast<const R*>(residual.raw_data()) : nullptr;
   const int64_t a_rs = fused ? x.stride(0) : 0, a_cs = fused ? x.stride(1) : 0;
   const int64_t r_rs = fused ? residual.stride(0) : 0, r_cs = fused ? residual.stride(1) : 0;
   const P* pw = weight.defined() ? static_cast<const P*>(weight.raw_data()) : nullptr;
@@ -80,7 +81,7 @@ void layer_norm_typed(const Tensor& x, const Tensor& residual, const Tensor& sum
     if (fused && cols > 0) {  // the sum row, as ops::add computes it: in math_t, rounded to T
       T* srow = ps + r * cols;
       const T* arow = pa + r * a_rs;
-      const T* rrow = pr + r * r_rs;
+      const R* rrow = pr + r * r_rs;
       if (a_cs == 1 && r_cs == 1) {
         for (int64_t j = 0; j < cols; ++j) srow[j] = T(static_cast<math_t>(arow[j]) + static_cast<math_t>(rrow[j]));
       } else {
@@ -118,6 +119,13 @@ void layer_norm_typed(const Tensor& x, const Tensor& residual, const Tensor& sum
 
 void add_layer_norm_kernel(const Tensor& x, const Tensor& residual, const Tensor& weight, const Tensor& bias,
                            double eps, const Tensor& sum, const Tensor& out, const Tensor& mean, const Tensor& rstd) {
+  if (residual.defined() && residual.dtype() != x.dtype()) {  // f32 x, f16/bf16 residual (ops_norm.cpp checked)
+    if (residual.dtype() == DType::f16)
+      layer_norm_typed<float, float, float, Half>(x, residual, sum, weight, bias, eps, out, mean, rstd);
+    else
+      layer_norm_typed<float, float, float, BFloat16>(x, residual, sum, weight, bias, eps, out, mean, rstd);
+    return;
+  }
   if (out.dtype() != x.dtype()) {  // mixed: f16/bf16 x, f32 weight/bias/out (ops_norm.cpp checks the pairing)
     if (x.dtype() == DType::f16)
       layer_norm_typed<Half, float, float>(x, residual, sum, weight, bias, eps, out, mean, rstd);

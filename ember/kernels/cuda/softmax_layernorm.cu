@@ -198,8 +198,20 @@ struct LayerNormArgs {
   // to T and stored into sum [rows, cols] (contiguous) by the pass that first reads it. Null for layer_norm.
   const void* residual;
   int64_t res_row_stride, res_col_stride;
+  DType res_dtype;  // T's, or f16/bf16 added to an f32 x
   void* sum;
 };
+
+// Element i (in elements) of the residual: T, or with an f32 x also f16/bf16 (res_dtype, uniform per launch).
+template <class T>
+__device__ __forceinline__ op_math_t<T> residual_at(const LayerNormArgs& a, int64_t i) {
+  using A = op_math_t<T>;
+  if constexpr (std::is_same_v<T, float>) {
+    if (a.res_dtype == DType::f16) return static_cast<A>(static_cast<const Half*>(a.residual)[i]);
+    if (a.res_dtype == DType::bf16) return static_cast<A>(static_cast<const BFloat16*>(a.residual)[i]);
+  }
+  return static_cast<A>(static_cast<const T*>(a.residual)[i]);
+}
 
 // Element k of the row normalised: x's, or the rounded x + residual (stored into sum when `store`: once per element,
 // by the first pass over the row).
@@ -208,8 +220,8 @@ __device__ __forceinline__ op_math_t<T> layer_norm_load(const LayerNormArgs& a, 
                                                         bool store) {
   using A = op_math_t<T>;
   if (a.residual == nullptr) return static_cast<A>(x[k * a.col_stride]);
-  const T* r = static_cast<const T*>(a.residual) + row * a.res_row_stride;
-  const T s = T(static_cast<A>(x[k * a.col_stride]) + static_cast<A>(r[k * a.res_col_stride]));
+  const A r = residual_at<T>(a, row * a.res_row_stride + k * a.res_col_stride);
+  const T s = T(static_cast<A>(x[k * a.col_stride]) + r);
   if (store) static_cast<T*>(a.sum)[row * a.cols + k] = s;
   return static_cast<A>(s);
 }
@@ -397,6 +409,7 @@ void launch_layer_norm(const Tensor& x, const Tensor& residual, const Tensor& su
     a.residual = residual.raw_data();
     a.res_row_stride = residual.stride(0);
     a.res_col_stride = residual.stride(1);
+    a.res_dtype = residual.dtype();
     a.sum = sum.raw_data();
   }
   const int device = out.device().index;
@@ -439,6 +452,8 @@ void softmax_cuda(const Tensor& in, const Tensor& out, int64_t dim, bool log) {
   EMBER_DISPATCH_FLOAT(in.dtype(), op, [&] { launch_softmax<scalar_t>(op, in, out, dim, log, stream); });
 }
 
+bool is_half_dtype(DType d) { return d == DType::f16 || d == DType::bf16; }
+
 void add_layer_norm_cuda(const Tensor& x, const Tensor& residual, const Tensor& weight, const Tensor& bias, double eps,
                          const Tensor& sum, const Tensor& out, const Tensor& mean, const Tensor& rstd) {
   const char* op = residual.defined() ? "add_layer_norm" : "layer_norm";
@@ -447,8 +462,9 @@ void add_layer_norm_cuda(const Tensor& x, const Tensor& residual, const Tensor& 
   for (const Tensor* t : {&x, &residual, &sum, &weight, &bias, &mean, &rstd})
     if (t->defined()) check_on_device(op, *t, device);
   if (residual.defined())
-    EMBER_CHECK(residual.sizes() == x.sizes() && residual.dtype() == x.dtype() && sum.defined() &&
-                    sum.sizes() == x.sizes() && sum.dtype() == x.dtype() && sum.is_contiguous(),
+    EMBER_CHECK(residual.sizes() == x.sizes() &&
+                    (residual.dtype() == x.dtype() || (x.dtype() == DType::f32 && is_half_dtype(residual.dtype()))) &&
+                    sum.defined() && sum.sizes() == x.sizes() && sum.dtype() == x.dtype() && sum.is_contiguous(),
                 ShapeError, op, ": residual ", residual.description(), " and sum ", sum.description(),
                 " must match x ", x.description(), " (sum contiguous)");
   EMBER_CHECK(x.dim() == 2, ShapeError, op, ": the CUDA kernel takes x as [rows, cols], got ", x.description());
