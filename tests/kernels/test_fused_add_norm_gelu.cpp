@@ -2,8 +2,8 @@
 // GELU (ops::bias_gelu, bias_gelu_backward) against naive float64 loops written here: every float dtype and the mixed
 // f16/bf16-input f32-affine layer norm, short, long (> 1024, the CUDA block path) and many rows, strided and broadcast
 // operands, empty shapes and the errors. Invariants: sum equals ops::add bitwise, and on the CPU out/mean/rstd equal
-// ops::layer_norm_with_stats(sum) bitwise; bias_gelu rounds x + bias only once, after the GELU; the CPU results do not
-// depend on the thread count. Device-parameterised: cuda instances skip without a GPU.
+// ops::layer_norm_with_stats(sum) bitwise; bias_gelu rounds x + bias only once, after the GELU (thread-count
+// independence: tests/kernels/test_parallel_kernels.cpp). Device-parameterised: cuda instances skip without a GPU.
 #include <cmath>
 #include <cstring>
 #include <numbers>
@@ -12,6 +12,7 @@
 
 #include "ember/kernels/ops.h"
 #include "tests/harness/op_harness.h"
+#include "tests/kernels/layer_norm_test_util.h"
 
 namespace ember::testing {
 namespace {
@@ -64,37 +65,6 @@ RefLayerNorm ref_layer_norm(const Tensor& x, int64_t cols, const Tensor& w, cons
   return r;
 }
 
-// Layer-norm gradient of x [rows, cols] (weight [cols] or undefined) for the upstream gradient g, without grad_add.
-std::vector<double> ref_layer_norm_grad_x(const Tensor& g, const Tensor& x, const Tensor& w, int64_t cols, double eps) {
-  const std::vector<double> gv = g.to_vector<double>(), xv = x.to_vector<double>();
-  const std::vector<double> wv = w.defined() ? w.to_vector<double>() : std::vector<double>();
-  const int64_t rows = cols > 0 ? static_cast<int64_t>(xv.size()) / cols : 0;
-  std::vector<double> gx(xv.size()), xhat(static_cast<size_t>(cols)), dxhat(static_cast<size_t>(cols));
-  for (int64_t i = 0; i < rows; ++i) {
-    const double* xr = xv.data() + i * cols;
-    const double* gr = gv.data() + i * cols;
-    double mean = 0.0, var = 0.0;
-    for (int64_t j = 0; j < cols; ++j) mean += xr[j];
-    mean /= static_cast<double>(cols);
-    for (int64_t j = 0; j < cols; ++j) var += (xr[j] - mean) * (xr[j] - mean);
-    const double rstd = 1.0 / std::sqrt(var / static_cast<double>(cols) + eps);
-    double a = 0.0, b = 0.0;
-    for (int64_t j = 0; j < cols; ++j) {
-      const size_t k = static_cast<size_t>(j);
-      xhat[k] = (xr[j] - mean) * rstd;
-      dxhat[k] = gr[j] * (wv.empty() ? 1.0 : wv[k]);
-      a += dxhat[k];
-      b += dxhat[k] * xhat[k];
-    }
-    a /= static_cast<double>(cols);
-    b /= static_cast<double>(cols);
-    for (int64_t j = 0; j < cols; ++j) {
-      const size_t k = static_cast<size_t>(j);
-      gx[static_cast<size_t>(i * cols + j)] = rstd * (dxhat[k] - a - xhat[k] * b);
-    }
-  }
-  return gx;
-}
 
 // GELU and its derivative, exact (x Phi(x)) or the tanh approximation 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
 constexpr double kTanhK = 0.79788456080286535588;  // sqrt(2 / pi)
@@ -341,7 +311,7 @@ void check_grad_add(const Shape& shape, DType dt, bool mixed, bool with_weight, 
   ASSERT_TRUE(with.x.defined() && with.weight.defined() && with.bias.defined());
   EXPECT_EQ(with.x.dtype(), dt);
   EXPECT_EQ(with.x.sizes(), x.sizes());
-  std::vector<double> want = ref_layer_norm_grad_x(as_f64(g), as_f64(x), as_f64(w), cols, 1e-5);
+  std::vector<double> want = ref_layer_norm_backward(as_f64(g), as_f64(x), as_f64(w), cols, 1e-5).gx;
   const std::vector<double> add = ga.to_vector<double>();
   for (size_t i = 0; i < want.size(); ++i) want[i] += add[i];
   Tolerance tol = default_tolerance(dt);
@@ -679,58 +649,6 @@ TEST_P(BiasGeluBackwardTest, EmptyShapes) {
 }
 
 EMBER_INSTANTIATE_DEVICE_TESTS(BiasGeluBackwardTest);
-
-// ---- thread count ------------------------------------------------------------------------------------------------
-
-// The CPU kernels give the same bits at 1, 2 and 3 threads, with shapes that split over rows.
-TEST(AddLayerNormBiasGeluThreads, SameBitsForEveryThreadCount) {
-  auto invariant = [](const char* what, const std::function<std::vector<Tensor>()>& f) {
-    SCOPED_TRACE(what);
-    std::vector<Tensor> ref;
-    {
-      ScopedNumThreads one(1);
-      ref = f();
-    }
-    for (int threads : {2, 3}) {
-      ScopedNumThreads tc(threads);
-      const std::vector<Tensor> got = f();
-      ASSERT_EQ(got.size(), ref.size());
-      for (size_t i = 0; i < got.size(); ++i)
-        EXPECT_TRUE(same_bits(got[i], ref[i])) << "output " << i << ", " << threads << " threads";
-    }
-  };
-  for (DType dt : {DType::f32, DType::bf16, DType::f64}) {
-    SCOPED_TRACE(dtype_name(dt));
-    const Tensor x = rand_input({512, 768}).to(dt), r = rand_input({512, 768}).to(dt);
-    const Tensor w = rand_input({768}, 0.5, 1.5).to(dt), b = rand_input({768}).to(dt);
-    invariant("add_layer_norm_with_stats", [&] {
-      const AddLayerNormResult a = ops::add_layer_norm_with_stats(x, r, {768}, w, b);
-      return std::vector<Tensor>{a.sum, a.out, a.mean, a.rstd};
-    });
-    const Tensor g = rand_input({512, 768}).to(dt), ga = rand_input({512, 768}).to(dt);
-    const LayerNormResult f = ops::layer_norm_with_stats(x, {768}, w, b);
-    invariant("layer_norm_backward with grad_add", [&] {
-      const LayerNormGrads d = ops::layer_norm_backward(g, x, w, f.mean, f.rstd, 1, true, true, true, ga);
-      return std::vector<Tensor>{d.x, d.weight, d.bias};
-    });
-    const Tensor gx = rand_input({4096, 96}, -4.0, 4.0).to(dt), gb = rand_input({96}).to(dt);
-    const Tensor gg = rand_input({4096, 96}).to(dt);
-    for (GeluApprox approx : {GeluApprox::None, GeluApprox::Tanh}) {
-      invariant("bias_gelu", [&] { return std::vector<Tensor>{ops::bias_gelu(gx, gb, approx)}; });
-      invariant("bias_gelu_backward", [&] {
-        const BiasGeluGrads d = ops::bias_gelu_backward(gg, gx, gb, approx, true, true);
-        return std::vector<Tensor>{d.x, d.bias};
-      });
-    }
-  }
-  // The mixed layer norm: bf16 x and residual, f32 affine.
-  const Tensor x = rand_input({512, 768}).to(DType::bf16), r = rand_input({512, 768}).to(DType::bf16);
-  const Tensor w = rand_input({768}, 0.5, 1.5).to(DType::f32);
-  invariant("mixed add_layer_norm_with_stats", [&] {
-    const AddLayerNormResult a = ops::add_layer_norm_with_stats(x, r, {768}, w, w);
-    return std::vector<Tensor>{a.sum, a.out, a.mean, a.rstd};
-  });
-}
 
 }  // namespace
 }  // namespace ember::testing

@@ -10,53 +10,14 @@
 #include "ember/kernels/ops.h"
 #include "ember/memory/cpu_allocator.h"
 #include "tests/harness/op_harness.h"
+#include "tests/kernels/layer_norm_test_util.h"
 
 namespace ember::testing {
 namespace {
 
 class LayerNormBackwardTest : public DeviceTest {};
 
-struct RefGrads {
-  std::vector<double> gx, gw, gb;
-};
-
-// x and g viewed as [rows, cols]; w [cols] or undefined (scale 1).
-RefGrads ref_backward(const Tensor& g, const Tensor& x, const Tensor& w, int64_t cols, double eps) {
-  const std::vector<double> gv = g.contiguous().to_vector<double>(), xv = x.contiguous().to_vector<double>();
-  const std::vector<double> wv = w.defined() ? w.contiguous().to_vector<double>() : std::vector<double>();
-  const int64_t rows = cols > 0 ? static_cast<int64_t>(xv.size()) / cols : 0;
-  RefGrads r;
-  r.gx.assign(xv.size(), 0.0);
-  r.gw.assign(static_cast<size_t>(cols), 0.0);
-  r.gb.assign(static_cast<size_t>(cols), 0.0);
-  std::vector<double> xhat(static_cast<size_t>(cols)), dxhat(static_cast<size_t>(cols));
-  for (int64_t i = 0; i < rows; ++i) {
-    const double* xr = xv.data() + i * cols;
-    const double* gr = gv.data() + i * cols;
-    double mean = 0.0, var = 0.0;
-    for (int64_t j = 0; j < cols; ++j) mean += xr[j];
-    mean /= static_cast<double>(cols);
-    for (int64_t j = 0; j < cols; ++j) var += (xr[j] - mean) * (xr[j] - mean);
-    const double rstd = 1.0 / std::sqrt(var / static_cast<double>(cols) + eps);
-    double a = 0.0, b = 0.0;
-    for (int64_t j = 0; j < cols; ++j) {
-      const size_t k = static_cast<size_t>(j);
-      xhat[k] = (xr[j] - mean) * rstd;
-      dxhat[k] = gr[j] * (w.defined() ? wv[k] : 1.0);
-      a += dxhat[k];
-      b += dxhat[k] * xhat[k];
-      r.gw[k] += gr[j] * xhat[k];
-      r.gb[k] += gr[j];
-    }
-    a /= static_cast<double>(cols);
-    b /= static_cast<double>(cols);
-    for (int64_t j = 0; j < cols; ++j) {
-      const size_t k = static_cast<size_t>(j);
-      r.gx[static_cast<size_t>(i * cols + j)] = rstd * (dxhat[k] - a - xhat[k] * b);
-    }
-  }
-  return r;
-}
+using RefGrads = LayerNormRefGrads;
 
 // Which of the three gradients an OpCase returns.
 enum class Which { X, Weight, Bias };
@@ -81,7 +42,7 @@ OpCase backward_case(const Shape& shape, Which which, bool with_weight, std::fun
              return which == Which::X ? g.x : which == Which::Weight ? g.weight : g.bias;
            }};
   c.reference = [=](const Inputs& in) {
-    const RefGrads r = ref_backward(grad_of(in[2]), in[0], with_weight ? in[1] : Tensor(), cols, 1e-5);
+    const RefGrads r = ref_layer_norm_backward(grad_of(in[2]), in[0], with_weight ? in[1] : Tensor(), cols, 1e-5);
     return from_vector(pick(r), which == Which::X ? shape : Shape{cols});
   };
   c.dtypes = {DType::f32, DType::f64, DType::f16, DType::bf16};
@@ -133,7 +94,7 @@ TEST_P(LayerNormBackwardTest, MixedPrecisionInput) {
     EXPECT_EQ(r.weight.dtype(), DType::f32);
     EXPECT_EQ(r.bias.dtype(), DType::f32);
     // Reference from the rounded x and the f32-rounded w and g, in f64.
-    const RefGrads want = ref_backward(g.to(DType::f32), x, w.to(DType::f32), 300, 1e-5);
+    const RefGrads want = ref_layer_norm_backward(g.to(DType::f32), x, w.to(DType::f32), 300, 1e-5);
     EXPECT_TRUE(allclose(r.x, from_vector(want.gx, {6, 300}), default_tolerance(dt))) << dtype_name(dt);
     EXPECT_TRUE(allclose(r.weight, from_vector(want.gw, {300}), {1e-5, 1e-5})) << dtype_name(dt);
     EXPECT_TRUE(allclose(r.bias, from_vector(want.gb, {300}), {1e-5, 1e-5})) << dtype_name(dt);

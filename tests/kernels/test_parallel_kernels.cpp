@@ -11,6 +11,7 @@
 #include "ember/core/generator.h"
 #include "ember/core/parallel.h"
 #include "ember/core/philox.h"
+#include "ember/kernels/ops.h"
 #include "tests/harness/op_harness.h"
 
 namespace ember::testing {
@@ -202,6 +203,41 @@ TEST(ParallelKernels, Conv2dForwardAndBackward) {
                                  ops::conv2d_backward_weight(gy_cl, x, w.sizes(), p)};
     });
   }
+}
+
+// The fused residual add + layer norm (with the backward's grad_add) and bias + GELU, shapes that split over rows.
+TEST(ParallelKernels, FusedAddLayerNormAndBiasGelu) {
+  for (DType dt : {DType::f32, DType::bf16, DType::f64}) {
+    SCOPED_TRACE(dtype_name(dt));
+    const Tensor x = rand_input({512, 768}).to(dt), r = rand_input({512, 768}).to(dt);
+    const Tensor w = rand_input({768}, 0.5, 1.5).to(dt), b = rand_input({768}).to(dt);
+    expect_thread_count_invariant("add_layer_norm_with_stats", [&] {
+      const AddLayerNormResult a = ops::add_layer_norm_with_stats(x, r, {768}, w, b);
+      return std::vector<Tensor>{a.sum, a.out, a.mean, a.rstd};
+    });
+    const Tensor g = rand_input({512, 768}).to(dt), ga = rand_input({512, 768}).to(dt);
+    const LayerNormResult f = ops::layer_norm_with_stats(x, {768}, w, b);
+    expect_thread_count_invariant("layer_norm_backward with grad_add", [&] {
+      const LayerNormGrads d = ops::layer_norm_backward(g, x, w, f.mean, f.rstd, 1, true, true, true, ga);
+      return std::vector<Tensor>{d.x, d.weight, d.bias};
+    });
+    const Tensor gx = rand_input({4096, 96}, -4.0, 4.0).to(dt), gb = rand_input({96}).to(dt);
+    const Tensor gg = rand_input({4096, 96}).to(dt);
+    for (GeluApprox approx : {GeluApprox::None, GeluApprox::Tanh}) {
+      expect_thread_count_invariant("bias_gelu", [&] { return std::vector<Tensor>{ops::bias_gelu(gx, gb, approx)}; });
+      expect_thread_count_invariant("bias_gelu_backward", [&] {
+        const BiasGeluGrads d = ops::bias_gelu_backward(gg, gx, gb, approx, true, true);
+        return std::vector<Tensor>{d.x, d.bias};
+      });
+    }
+  }
+  // The mixed layer norm: bf16 x and residual, f32 affine.
+  const Tensor x = rand_input({512, 768}).to(DType::bf16), r = rand_input({512, 768}).to(DType::bf16);
+  const Tensor w = rand_input({768}, 0.5, 1.5).to(DType::f32);
+  expect_thread_count_invariant("mixed add_layer_norm_with_stats", [&] {
+    const AddLayerNormResult a = ops::add_layer_norm_with_stats(x, r, {768}, w, w);
+    return std::vector<Tensor>{a.sum, a.out, a.mean, a.rstd};
+  });
 }
 
 }  // namespace
