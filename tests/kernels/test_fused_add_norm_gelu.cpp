@@ -236,6 +236,10 @@ TEST_P(AddLayerNormTest, StridedAndBroadcastOperands) {
   // Strided x in the mixed form.
   check_add_layer_norm(rand_input({768, 6}).t(), noncontiguous_input({6, 768}), {768}, DType::bf16, true, kBoth,
                        device());
+  // Rows too long for the CUDA block kernel's shared-memory cache (9000 f32 / f64 values): every pass recomputes
+  // x + residual from strided operands.
+  for (DType dt : {DType::f32, DType::f64})
+    check_add_layer_norm(rand_input({9000, 3}).t(), noncontiguous_input({3, 9000}), {9000}, dt, false, kBoth, device());
 }
 
 TEST_P(AddLayerNormTest, EmptyShapes) {
@@ -251,6 +255,14 @@ TEST_P(AddLayerNormTest, EmptyShapes) {
   EXPECT_EQ(s.sum.sizes(), (Shape{2, 0, 8}));
   EXPECT_EQ(s.out.dtype(), DType::bf16);
   EXPECT_EQ(s.mean.sizes(), (Shape{2, 0}));
+  // Rows of no elements: the sum is empty, the statistics are those of layer norm over nothing (NaN mean).
+  const Tensor z = zeros({3, 0}, {DType::f32, device()});
+  const AddLayerNormResult e = ops::add_layer_norm_with_stats(z, z, {0}, Tensor(), Tensor());
+  const LayerNormResult l = ops::layer_norm_with_stats(z, {0}, Tensor(), Tensor());
+  EXPECT_EQ(e.sum.sizes(), (Shape{3, 0}));
+  EXPECT_EQ(e.mean.sizes(), (Shape{3}));
+  EXPECT_TRUE(allclose(e.mean, l.mean.cpu(), {0.0, 0.0}));
+  EXPECT_TRUE(allclose(e.rstd, l.rstd.cpu(), {0.0, 0.0}));
 }
 
 TEST_P(AddLayerNormTest, Errors) {
@@ -334,6 +346,8 @@ TEST_P(AddLayerNormBackwardTest, GradAddIsAddedToGradX) {
     for (const Shape& shape : std::vector<Shape>{{6, 300}, {2, 1500}, {700, 24}})
       check_grad_add(shape, dt, true, true, rand_input(shape), device());
   }
+  // More rows than the CUDA warp kernel's grid covers in one pass (it loops over the rest).
+  check_grad_add({20000, 8}, DType::f32, false, true, rand_input({20000, 8}), device());
 }
 
 TEST_P(AddLayerNormBackwardTest, StridedAndBroadcastGradAdd) {
