@@ -322,7 +322,7 @@ ember_train_test(train_rejects_corrupt_resume error "train --model mlp --resume 
 
 # `ember info --json`: the keys docs/cli.md lists.
 ember_train_test(info_json run "info --json"
-  EXPECT "version=string build.cuda=bool build.cuda_runtime=any build.cuda_driver=any build.cudnn=any build.zlib=bool \
+  EXPECT "version=string build.cuda=bool build.cuda_runtime=any build.cuda_driver=any build.cudnn=any build.cublaslt=any build.cusparse=any build.nccl=any build.zlib=bool \
 build.compiler=string build.build_type=string cpu.cores=number cpu.memory_total_bytes=number \
 cpu.memory_available_bytes=number cuda_devices=any cuda_error=any alloc_conf.env=any alloc_conf.effective=string \
 alloc_conf.error=any")

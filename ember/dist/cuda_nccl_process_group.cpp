@@ -210,4 +210,16 @@ std::shared_ptr<ProcessGroup> make_nccl_process_group(ProcessGroup& bootstrap, i
   return std::make_shared<NcclProcessGroup>(bootstrap, local_rank % n);
 }
 
+std::string nccl_version() {
+  try {
+    int v = 0;
+    if (ncclGetVersion(&v) != ncclSuccess) return "unknown";
+    // NCCL_VERSION(X, Y, Z): 10000 X + 100 Y + Z since 2.9, 1000 X + 100 Y + Z before.
+    const int major = v >= 20900 ? v / 10000 : v / 1000, rest = v >= 20900 ? v % 10000 : v % 1000;
+    return std::to_string(major) + "." + std::to_string(rest / 100) + "." + std::to_string(rest % 100);
+  } catch (const Error& e) {
+    return std::string("unavailable (") + e.what() + ")";
+  }
+}
+
 }  // namespace ember::dist::detail

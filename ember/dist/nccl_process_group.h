@@ -7,6 +7,7 @@
 #pragma once
 
 #include <memory>
+#include <string>
 
 #include "ember/dist/process_group.h"
 
@@ -14,5 +15,9 @@ namespace ember::dist::detail {
 
 // A group over the ranks of `bootstrap` on cuda:(local_rank % device count). Collective over `bootstrap`.
 std::shared_ptr<ProcessGroup> make_nccl_process_group(ProcessGroup& bootstrap, int local_rank);
+
+// NCCL's version ("2.27.7"); "" in a build without NCCL; "unavailable (<reason>)" when libnccl cannot be opened (Note
+// [Libraries opened on first use] in base/dynamic_library.h). Opens the library; never throws.
+std::string nccl_version();
 
 }  // namespace ember::dist::detail

@@ -12,9 +12,7 @@
 #if defined(EMBER_WITH_MPI)
 #include "ember/dist/mpi_process_group.h"
 #endif
-#if defined(EMBER_WITH_NCCL)
 #include "ember/dist/nccl_process_group.h"
-#endif
 
 namespace ember::dist {
 
@@ -247,5 +245,11 @@ int local_rank() {
 #endif
   return 0;
 }
+
+#if !defined(EMBER_WITH_NCCL)
+namespace detail {
+std::string nccl_version() { return ""; }
+}  // namespace detail
+#endif
 
 }  // namespace ember::dist

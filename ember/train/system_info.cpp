@@ -11,6 +11,7 @@
 
 #include "ember/base/error.h"
 #include "ember/data/mnist.h"
+#include "ember/dist/nccl_process_group.h"
 #include "ember/kernels/cuda/device_info.h"
 #include "ember/memory/address_only.h"
 #include "ember/memory/alloc_config.h"
@@ -31,6 +32,8 @@ namespace detail {
 int cuda_runtime_version() { return 0; }
 int cuda_driver_version() { return 0; }
 int64_t cudnn_version() { return 0; }
+std::string cublaslt_version() { return ""; }
+std::string cusparse_version() { return ""; }
 }  // namespace detail
 #endif
 
@@ -71,6 +74,9 @@ SystemInfo system_info() {
   s.build.cuda_runtime = cuda_version_text(detail::cuda_runtime_version());
   s.build.cuda_driver = cuda_version_text(detail::cuda_driver_version());
   s.build.cudnn = cudnn_version_text(detail::cudnn_version());
+  s.build.cublaslt = detail::cublaslt_version();
+  s.build.cusparse = detail::cusparse_version();
+  s.build.nccl = dist::detail::nccl_version();
   s.build.zlib = data::gzip_supported();
   s.build.compiler = compiler_text();
 #if defined(NDEBUG)
@@ -130,6 +136,9 @@ std::string SystemInfo::to_json() const {
                 {"cuda_runtime", text_or_null(build.cuda_runtime)},
                 {"cuda_driver", text_or_null(build.cuda_driver)},
                 {"cudnn", text_or_null(build.cudnn)},
+                {"cublaslt", text_or_null(build.cublaslt)},
+                {"cusparse", text_or_null(build.cusparse)},
+                {"nccl", text_or_null(build.nccl)},
                 {"zlib", build.zlib},
                 {"compiler", build.compiler},
                 {"build_type", build.build_type}};
@@ -162,7 +171,11 @@ std::string SystemInfo::to_string() const {
     os << " (runtime " << (build.cuda_runtime.empty() ? "unknown" : build.cuda_runtime) << ", driver "
        << (build.cuda_driver.empty() ? "none" : build.cuda_driver) << ")";
   }
-  os << ", cuDNN " << (build.cudnn.empty() ? "off" : build.cudnn) << ", zlib " << (build.zlib ? "on" : "off") << "\n";
+  os << ", cuDNN " << (build.cudnn.empty() ? "off" : build.cudnn);
+  if (build.cuda)
+    os << ", cuBLASLt " << build.cublaslt << ", cuSPARSE " << (build.cusparse.empty() ? "off" : build.cusparse)
+       << ", NCCL " << (build.nccl.empty() ? "off" : build.nccl);
+  os << ", zlib " << (build.zlib ? "on" : "off") << "\n";
   os << "cpu: " << cpu.cores << " cores, " << memory::format_bytes(cpu.memory_total_bytes) << " memory ("
      << memory::format_bytes(cpu.memory_available_bytes) << " free)\n";
   if (cuda_devices.empty()) os << "cuda: no device" << (cuda_error.empty() ? "" : " (" + cuda_error + ")") << "\n";

@@ -17,6 +17,11 @@ struct BuildInfo {
   std::string cuda_runtime;  // "13.0" (the runtime library in use; empty without CUDA)
   std::string cuda_driver;   // the newest CUDA version the driver supports ("" without CUDA or driver)
   std::string cudnn;         // "9.10.2" ("" when built without cuDNN)
+  // The libraries opened on first use (Note [Libraries opened on first use] in base/dynamic_library.h): "" when not
+  // built in, "unavailable (<reason>)" when the library cannot be opened. system_info() opens them.
+  std::string cublaslt;      // "13.1.0"
+  std::string cusparse;      // "12.6.3"
+  std::string nccl;          // "2.27.7"
   bool zlib = false;         // MNIST .gz files are read
   std::string compiler;      // "GCC 12.2.0"
   std::string build_type;    // "release" (NDEBUG) or "debug"
@@ -59,6 +64,9 @@ namespace detail {
 int cuda_runtime_version();
 int cuda_driver_version();
 int64_t cudnn_version();
+// Version texts as in BuildInfo (these open their library).
+std::string cublaslt_version();
+std::string cusparse_version();
 }  // namespace detail
 
 }  // namespace ember::train

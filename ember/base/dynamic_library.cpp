@@ -1,0 +1,39 @@
+// DynamicLibrary (dynamic_library.h): dlopen / dlsym with errors that say what was tried.
+#include "ember/base/dynamic_library.h"
+
+#include <dlfcn.h>
+
+#include <utility>
+
+#include "ember/base/error.h"
+
+namespace ember {
+
+DynamicLibrary::DynamicLibrary(std::string what, const std::vector<std::string>& paths) : what_(std::move(what)) {
+  std::string tried;
+  for (const std::string& p : paths) {
+    if (p.empty()) continue;
+    handle_ = dlopen(p.c_str(), RTLD_NOW | RTLD_LOCAL);
+    if (handle_ != nullptr) {
+      path_ = p;
+      return;
+    }
+    const char* reason = dlerror();
+    tried += detail::concat(tried.empty() ? "" : "; ", p, ": ", reason != nullptr ? reason : "not found");
+  }
+  throw BackendError(detail::concat(what_, " could not be loaded (", tried.empty() ? "no path to try" : tried,
+                                    "); put its directory on LD_LIBRARY_PATH"));
+}
+
+void* DynamicLibrary::symbol(const char* name) const {
+  dlerror();  // clears an earlier error, so the one below is dlsym's
+  void* p = dlsym(handle_, name);
+  if (p == nullptr) {
+    const char* reason = dlerror();
+    throw BackendError(detail::concat(what_, " (", path_, ") has no symbol ", name,
+                                      reason != nullptr ? detail::concat(": ", reason) : std::string()));
+  }
+  return p;
+}
+
+}  // namespace ember
