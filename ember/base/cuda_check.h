@@ -17,9 +17,11 @@ namespace ember::detail {
 #define EMBER_CUDA_CHECK(expr)                                                                         \
   do {                                                                                                 \
     cudaError_t ember_status_ = (expr);                                                                \
-    if (ember_status_ != cudaSuccess)                                                                  \
+    if (ember_status_ != cudaSuccess) {                                                                \
+      (void)cudaGetLastError(); /* a caught error must not resurface at the next launch check */       \
       ::ember::detail::throw_backend_error("CUDA", #expr, cudaGetErrorString(ember_status_), __FILE__, \
                                            __LINE__);                                                  \
+    }                                                                                                  \
   } while (0)
 
 // After a kernel launch: picks up launch-configuration errors without synchronising.

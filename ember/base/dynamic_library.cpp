@@ -9,10 +9,19 @@
 
 namespace ember {
 
-DynamicLibrary::DynamicLibrary(std::string what, const std::vector<std::string>& paths) : what_(std::move(what)) {
+DynamicLibrary::DynamicLibrary(std::string what, const std::string& soname, const std::vector<std::string>& directories)
+    : what_(std::move(what)) {
+  handle_ = dlopen(soname.c_str(), RTLD_NOW | RTLD_LOCAL | RTLD_NOLOAD);  // a copy already loaded
+  if (handle_ != nullptr) {
+    path_ = soname;
+    return;
+  }
+  std::vector<std::string> paths;
+  for (const std::string& d : directories)
+    if (!d.empty()) paths.push_back(d + "/" + soname);
+  paths.push_back(soname);
   std::string tried;
   for (const std::string& p : paths) {
-    if (p.empty()) continue;
     handle_ = dlopen(p.c_str(), RTLD_NOW | RTLD_LOCAL);
     if (handle_ != nullptr) {
       path_ = p;
@@ -21,8 +30,7 @@ DynamicLibrary::DynamicLibrary(std::string what, const std::vector<std::string>&
     const char* reason = dlerror();
     tried += detail::concat(tried.empty() ? "" : "; ", p, ": ", reason != nullptr ? reason : "not found");
   }
-  throw BackendError(detail::concat(what_, " could not be loaded (", tried.empty() ? "no path to try" : tried,
-                                    "); put its directory on LD_LIBRARY_PATH"));
+  throw BackendError(detail::concat(what_, " could not be loaded (", tried, "); put its directory on LD_LIBRARY_PATH"));
 }
 
 void* DynamicLibrary::symbol(const char* name) const {

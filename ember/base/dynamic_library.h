@@ -16,22 +16,27 @@ namespace ember {
 // sub-libraries on demand); the cuBLASLt, cuSPARSE and NCCL functions ember calls are defined in ember by
 // forwarders (kernels/cuda/cublas_loader.cpp, kernels/cuda/cusparse_loader.cpp, dist/cuda_nccl_loader.cpp) with the
 // libraries' own declarations, so the call sites and the headers stay those of the libraries. The first call to a
-// forwarder opens its library — the path found at configure time first, then the soname of the major version the
-// headers name, which the loader looks for on LD_LIBRARY_PATH and in its caches — and looks the symbol up once. The
-// forwarders are hidden symbols of libember (-fvisibility=hidden), so they never interpose on a program that links the
-// real library itself. A library that cannot be opened, or lacks a symbol, is a BackendError naming every path tried
-// and the loader's reason, raised from the call that needed it, as a failing status would be.
+// forwarder opens its library by the soname of the major version the headers name (libcublasLt.so.13): a copy
+// already loaded (cuDNN opens cuBLASLt itself) is reused; else the file of that name in the directory found at
+// configure time; else the loader's search (LD_LIBRARY_PATH, libember's RUNPATH, the loader cache). The symbol is
+// looked up once. cuDNN's handle creation opens cuBLASLt first, so cuDNN finds ember's copy rather than searching
+// for one of its own. The forwarders are hidden symbols of libember (-fvisibility=hidden), so they never interpose on
+// a program that links the real library itself. A library that cannot be opened, or lacks a symbol, is a
+// BackendError naming every path tried and the loader's reason, raised from the call that needed it, as a failing
+// status would be. The DynamicLibrary objects are never destroyed (they are leaked on purpose), so a forwarder
+// called during static destruction (a process group finalised at exit) still finds its library.
 class DynamicLibrary {
  public:
-  // Opens the first of `paths` the loader can open (RTLD_NOW | RTLD_LOCAL); `what` names the library in errors
-  // ("cuBLASLt"). BackendError naming each path with dlerror()'s text when none opens.
-  DynamicLibrary(std::string what, const std::vector<std::string>& paths);
+  // Opens `soname` (libfoo.so.N): the copy already loaded, else directory/soname for each of `directories` (empty
+  // ones skipped), else the loader's search for `soname`; RTLD_NOW | RTLD_LOCAL. `what` names the library in errors
+  // ("cuBLASLt"). BackendError naming each path tried with dlerror()'s text when none opens.
+  DynamicLibrary(std::string what, const std::string& soname, const std::vector<std::string>& directories);
   DynamicLibrary(const DynamicLibrary&) = delete;
   DynamicLibrary& operator=(const DynamicLibrary&) = delete;
 
   // The address of `name`; BackendError when the library lacks it.
   void* symbol(const char* name) const;
-  const std::string& path() const { return path_; }  // the path that opened
+  const std::string& path() const { return path_; }  // what opened: the soname (loaded or searched) or a full path
 
  private:
   std::string what_;

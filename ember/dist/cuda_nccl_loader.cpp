@@ -8,15 +8,16 @@
 
 #include "ember/base/dynamic_library.h"
 
-#ifndef EMBER_NCCL_LIBRARY
-#define EMBER_NCCL_LIBRARY ""
+#ifndef EMBER_NCCL_DIR
+#define EMBER_NCCL_DIR ""
 #endif
 
 namespace {
 
 ember::DynamicLibrary& nccl_library() {
-  static ember::DynamicLibrary lib("NCCL", {EMBER_NCCL_LIBRARY, "libnccl.so." + std::to_string(NCCL_MAJOR)});
-  return lib;
+  static ember::DynamicLibrary* lib =
+      new ember::DynamicLibrary("NCCL", "libnccl.so." + std::to_string(NCCL_MAJOR), {EMBER_NCCL_DIR});
+  return *lib;
 }
 
 }  // namespace

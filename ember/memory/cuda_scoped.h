@@ -18,7 +18,9 @@ class ScopedDevice {
   explicit ScopedDevice(int device) {
     EMBER_CUDA_CHECK(cudaGetDevice(&previous_));
     changed_ = previous_ != device;
-    if (changed_) EMBER_CUDA_CHECK(cudaSetDevice(device));
+    // Set even when current: since CUDA 12 cudaSetDevice also makes the device's primary context current on this
+    // thread, which the driver calls of expandable segments (cuMem*) need on a thread with no runtime call yet.
+    EMBER_CUDA_CHECK(cudaSetDevice(device));
   }
   ~ScopedDevice() {
     if (changed_) (void)cudaSetDevice(previous_);

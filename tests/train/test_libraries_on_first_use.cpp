@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <fstream>
+#include <iostream>
 #include <string>
 
 #include "ember/train/system_info.h"
@@ -24,7 +25,9 @@ TEST(CudaLibraries, OpenedOnFirstUseNotAtStartUp) {
   GTEST_SKIP() << "a build without CUDA";
 #else
   // Alone in its process (as ctest runs it), no earlier test can have opened them.
-  if (::testing::UnitTest::GetInstance()->test_to_run_count() == 1) {
+  if (::testing::UnitTest::GetInstance()->test_to_run_count() != 1) {
+    std::cout << "[ember] other tests share this process: the start-up check is left out\n";
+  } else {
     EXPECT_FALSE(mapped("libcublasLt.so"));
     EXPECT_FALSE(mapped("libcublas.so"));
     EXPECT_FALSE(mapped("libcusparse.so"));

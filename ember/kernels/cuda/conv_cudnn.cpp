@@ -155,6 +155,9 @@ HandleSlot& handle_slot(int device) {
   std::unique_ptr<HandleSlot>& slot = (*slots)[device];
   if (!slot) {
     auto fresh = std::make_unique<HandleSlot>();
+    // cuDNN's engines need cuBLASLt, which they look up by soname: ember's copy, opened here first, is the one they
+    // find (Note [Libraries opened on first use] in base/dynamic_library.h).
+    (void)cublasLtGetVersion();
     EMBER_CUDNN_CHECK(cudnnCreate(&fresh->handle));  // `device` is current (the entry point's DeviceGuard)
     slot = std::move(fresh);
   }

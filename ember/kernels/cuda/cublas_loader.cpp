@@ -1,33 +1,23 @@
-// The cuBLASLt functions ember calls (kernels/cuda/blas.cu, train/cuda_system_info.cpp) and the two cuBLAS status
-// texts (library_check.h), forwarded to libcublasLt / libcublas opened on first use (Note [Libraries opened on first
-// use] in base/dynamic_library.h). Compiled with hidden visibility. Invariant: one forwarder per function called, with
+// The cuBLASLt functions ember calls (kernels/cuda/blas.cu, library_check.h, conv_cudnn.cpp,
+// train/cuda_system_info.cpp), forwarded to libcublasLt opened on first use (Note [Libraries opened on first use] in
+// base/dynamic_library.h). Compiled with hidden visibility. Invariant: one forwarder per function called, with
 // the header's own declaration (a mismatch does not compile).
 #include <cublasLt.h>
-#include <cublas_api.h>
 
 #include <string>
 
 #include "ember/base/dynamic_library.h"
 
-#ifndef EMBER_CUBLASLT_LIBRARY
-#define EMBER_CUBLASLT_LIBRARY ""
-#endif
-#ifndef EMBER_CUBLAS_LIBRARY
-#define EMBER_CUBLAS_LIBRARY ""
+#ifndef EMBER_CUBLASLT_DIR
+#define EMBER_CUBLASLT_DIR ""
 #endif
 
 namespace {
 
 ember::DynamicLibrary& cublaslt_library() {
-  static ember::DynamicLibrary lib("cuBLASLt",
-                                   {EMBER_CUBLASLT_LIBRARY, "libcublasLt.so." + std::to_string(CUBLAS_VER_MAJOR)});
-  return lib;
-}
-
-ember::DynamicLibrary& cublas_library() {
-  static ember::DynamicLibrary lib("cuBLAS",
-                                   {EMBER_CUBLAS_LIBRARY, "libcublas.so." + std::to_string(CUBLAS_VER_MAJOR)});
-  return lib;
+  static ember::DynamicLibrary* lib =
+      new ember::DynamicLibrary("cuBLASLt", "libcublasLt.so." + std::to_string(CUBLAS_VER_MAJOR), {EMBER_CUBLASLT_DIR});
+  return *lib;
 }
 
 }  // namespace
@@ -35,6 +25,8 @@ ember::DynamicLibrary& cublas_library() {
 extern "C" {
 
 EMBER_FORWARD(cublaslt_library, size_t, cublasLtGetVersion, (void), ())
+EMBER_FORWARD(cublaslt_library, const char*, cublasLtGetStatusName, (cublasStatus_t status), (status))
+EMBER_FORWARD(cublaslt_library, const char*, cublasLtGetStatusString, (cublasStatus_t status), (status))
 EMBER_FORWARD(cublaslt_library, cublasStatus_t, cublasLtCreate, (cublasLtHandle_t * handle), (handle))
 EMBER_FORWARD(cublaslt_library, cublasStatus_t, cublasLtMatmulDescCreate,
               (cublasLtMatmulDesc_t * desc, cublasComputeType_t compute, cudaDataType_t scale), (desc, compute, scale))
@@ -69,8 +61,5 @@ EMBER_FORWARD(cublaslt_library, cublasStatus_t, cublasLtMatmul,
                const cublasLtMatmulAlgo_t* algo, void* workspace, size_t workspace_bytes, cudaStream_t stream),
               (handle, desc, alpha, a, a_desc, b, b_desc, beta, c, c_desc, d, d_desc, algo, workspace, workspace_bytes,
                stream))
-
-EMBER_FORWARD(cublas_library, const char*, cublasGetStatusName, (cublasStatus_t status), (status))
-EMBER_FORWARD(cublas_library, const char*, cublasGetStatusString, (cublasStatus_t status), (status))
 
 }  // extern "C"

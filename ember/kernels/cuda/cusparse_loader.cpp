@@ -9,16 +9,16 @@
 
 #include "ember/base/dynamic_library.h"
 
-#ifndef EMBER_CUSPARSE_LIBRARY
-#define EMBER_CUSPARSE_LIBRARY ""
+#ifndef EMBER_CUSPARSE_DIR
+#define EMBER_CUSPARSE_DIR ""
 #endif
 
 namespace {
 
 ember::DynamicLibrary& cusparse_library() {
-  static ember::DynamicLibrary lib("cuSPARSE",
-                                   {EMBER_CUSPARSE_LIBRARY, "libcusparse.so." + std::to_string(CUSPARSE_VER_MAJOR)});
-  return lib;
+  static ember::DynamicLibrary* lib = new ember::DynamicLibrary(
+      "cuSPARSE", "libcusparse.so." + std::to_string(CUSPARSE_VER_MAJOR), {EMBER_CUSPARSE_DIR});
+  return *lib;
 }
 
 }  // namespace

@@ -4,7 +4,7 @@
 // base/cuda_check.h, each throws ember::BackendError carrying the expression, the status name, file and line.
 #pragma once
 
-#include <cublas_v2.h>
+#include <cublasLt.h>
 
 #include <string>
 
@@ -21,8 +21,8 @@ namespace ember::detail {
 
 // "CUBLAS_STATUS_NOT_SUPPORTED (the functionality requested is not supported)".
 inline std::string cublas_status_text(cublasStatus_t status) {
-  const char* name = cublasGetStatusName(status);
-  const char* text = cublasGetStatusString(status);
+  const char* name = cublasLtGetStatusName(status);
+  const char* text = cublasLtGetStatusString(status);
   std::string s = name != nullptr ? name : concat("cublasStatus_t ", static_cast<int>(status));
   if (text != nullptr) s += concat(" (", text, ")");
   return s;
