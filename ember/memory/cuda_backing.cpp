@@ -164,11 +164,13 @@ CudaBacking::CudaBacking(int device) : device_(device), state_(std::make_unique<
 
   const DriverApi& api = driver_api();
   if (!api.complete) return;  // an old driver: fixed segments only
-  EMBER_CU_CHECK(api.cuDeviceGet(&state_->cu_device, device_));
+  // A device whose virtual-memory support cannot be queried gets fixed segments too, rather than no allocator.
   int vmm = 0;
-  EMBER_CU_CHECK(
-      api.cuDeviceGetAttribute(&vmm, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, state_->cu_device));
-  if (vmm == 0) return;
+  if (api.cuDeviceGet(&state_->cu_device, device_) != CUDA_SUCCESS ||
+      api.cuDeviceGetAttribute(&vmm, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, state_->cu_device) !=
+          CUDA_SUCCESS ||
+      vmm == 0)
+    return;
   CUmemAllocationProp& prop = state_->prop;
   prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
   prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
@@ -177,7 +179,7 @@ CudaBacking::CudaBacking(int device) : device_(device), state_(std::make_unique<
   state_->access.location = prop.location;
   state_->access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
   size_t granularity = 0;
-  EMBER_CU_CHECK(api.cuMemGetAllocationGranularity(&granularity, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM));
+  if (api.cuMemGetAllocationGranularity(&granularity, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM) != CUDA_SUCCESS) return;
   const int64_t g = std::max<int64_t>(static_cast<int64_t>(granularity), 1);
   state_->page = round_up(2 * kMiB, g);
   state_->expandable = true;
