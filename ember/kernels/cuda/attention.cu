@@ -103,6 +103,7 @@ template <class T>
 __global__ void __launch_bounds__(kRowThreads) attention_rows_kernel(RowArgs a) {
   using acc_t = op_math_t<T>;
   __shared__ acc_t slots[kWarpSize];
+  __shared__ double dot_slots[kWarpSize];  // the backward's <d, w>, summed in double as the CPU kernel does
   const int64_t groups = a.block_per_row ? 1 : blockDim.x / kWarpSize;
   const int64_t group = a.block_per_row ? 0 : threadIdx.x / kWarpSize;
   const int64_t t0 = a.block_per_row ? threadIdx.x : threadIdx.x % kWarpSize;
@@ -115,9 +116,9 @@ __global__ void __launch_bounds__(kRowThreads) attention_rows_kernel(RowArgs a) 
     T* s = static_cast<T*>(a.s) + r * a.nk;
     if (a.mode == RowMode::Backward) {
       T* d = static_cast<T*>(a.d) + r * a.nk;
-      acc_t dot = 0;
-      for (int64_t j = t0; j < n; j += width) dot += static_cast<acc_t>(s[j]) * static_cast<acc_t>(d[j]);
-      dot = row_all_reduce(dot, SumOp{}, acc_t(0), slots, a.block_per_row);
+      double dot_sum = 0;
+      for (int64_t j = t0; j < n; j += width) dot_sum += static_cast<double>(s[j]) * static_cast<double>(d[j]);
+      const acc_t dot = static_cast<acc_t>(row_all_reduce(dot_sum, SumOp{}, 0.0, dot_slots, a.block_per_row));
       const acc_t scale = static_cast<acc_t>(a.scale);
       for (int64_t j = t0; j < a.nk; j += width)
         d[j] = T(j < n ? static_cast<acc_t>(s[j]) * (static_cast<acc_t>(d[j]) - dot) * scale : acc_t(0));
