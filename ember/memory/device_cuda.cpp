@@ -42,19 +42,19 @@ void check_device(int device) {
 
 }  // namespace
 
+// Each device's allocator is made on that device's first use, not all at once: making one creates the device's
+// primary context (several hundred MiB of device memory), and a process that uses one GPU of several — a DDP rank —
+// must not hold a context on every GPU of the node.
 Allocator& allocator(int device) {
   check_device(device);
   static std::mutex mutex;
-  static auto* allocators = new std::vector<std::unique_ptr<CachingAllocator>>();  // never destroyed
-  std::lock_guard<std::mutex> lock(mutex);
-  if (allocators->empty()) {  // built completely, then published: a failure leaves nothing half-made
-    const AllocatorConfig config = alloc_config_from_env();
-    std::vector<std::unique_ptr<CachingAllocator>> made;
-    for (int d = 0; d < device_count(); ++d)
-      made.push_back(std::make_unique<CachingAllocator>(make_cuda_backing(d), config, "cuda:" + std::to_string(d)));
-    *allocators = std::move(made);
-  }
-  return *(*allocators)[device];
+  static auto* allocators = new std::vector<std::unique_ptr<CachingAllocator>>(static_cast<size_t>(device_count()));
+  std::lock_guard<std::mutex> lock(mutex);  // the vector is never destroyed; a failed make leaves its slot empty
+  std::unique_ptr<CachingAllocator>& slot = (*allocators)[static_cast<size_t>(device)];
+  if (!slot)
+    slot = std::make_unique<CachingAllocator>(make_cuda_backing(device), alloc_config_from_env(),
+                                              "cuda:" + std::to_string(device));
+  return *slot;
 }
 
 void copy_bytes(void* dst, const void* src, int64_t nbytes, CopyKind kind, int device) {
