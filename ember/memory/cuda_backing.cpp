@@ -36,7 +36,8 @@ struct DriverApi {
   decltype(&::cuMemMap) cuMemMap = nullptr;
   decltype(&::cuMemUnmap) cuMemUnmap = nullptr;
   decltype(&::cuMemSetAccess) cuMemSetAccess = nullptr;
-  bool complete = false;
+  bool complete = false;  // the functions above (expandable segments)
+  decltype(&::cuDevicePrimaryCtxGetState) cuDevicePrimaryCtxGetState = nullptr;  // optional (pinning_device)
 };
 
 template <class Fn>
@@ -68,6 +69,7 @@ const DriverApi& driver_api() {
     ok = load_entry("cuMemUnmap", a.cuMemUnmap) && ok;
     ok = load_entry("cuMemSetAccess", a.cuMemSetAccess) && ok;
     a.complete = ok;
+    if (!load_entry("cuDevicePrimaryCtxGetState", a.cuDevicePrimaryCtxGetState)) a.cuDevicePrimaryCtxGetState = nullptr;
     return a;
   }();
   return api;
@@ -396,6 +398,33 @@ int64_t CudaBacking::mapped_pages() const {
 int64_t CudaBacking::pooled_events() const {
   std::lock_guard<std::mutex> lock(state_->mutex);
   return static_cast<int64_t>(state_->events.size());
+}
+
+namespace {
+// Whether `device`'s primary context is active; true when the driver cannot say (nothing then changes device).
+bool primary_context_active(int device) {
+  const DriverApi& api = driver_api();
+  if (api.cuDeviceGet == nullptr || api.cuDevicePrimaryCtxGetState == nullptr) return true;
+  CUdevice dev = 0;
+  unsigned int flags = 0;
+  int active = 0;
+  if (api.cuDeviceGet(&dev, device) != CUDA_SUCCESS ||
+      api.cuDevicePrimaryCtxGetState(dev, &flags, &active) != CUDA_SUCCESS)
+    return true;
+  return active != 0;
+}
+}  // namespace
+
+int pinning_device() {
+  int current = 0;
+  if (cudaGetDevice(&current) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  if (primary_context_active(current)) return current;
+  for (int d = 0; d < cuda::device_count(); ++d)
+    if (primary_context_active(d)) return d;
+  return current;
 }
 
 std::unique_ptr<Backing> make_cuda_backing(int device) {

@@ -59,6 +59,12 @@ class CudaBacking final : public Backing {
 // Throws DeviceError when `device` is not a visible CUDA device.
 std::unique_ptr<Backing> make_cuda_backing(int device);
 
+// The device to make current while pinning host memory (cudaHostAlloc / cudaHostRegister create a context on the
+// current device when it has none): the current device if its primary context is active, else the first device
+// whose primary context is, else the current one. So a process that trains on cuda:3 pins under cuda:3's context
+// instead of opening one on cuda:0 (several hundred MiB there), as PyTorch's pinned allocator does.
+int pinning_device();
+
 #endif  // EMBER_WITH_CUDA
 
 }  // namespace ember::memory

@@ -15,6 +15,7 @@
 
 #if defined(EMBER_WITH_CUDA)
 #include "ember/base/cuda_check.h"
+#include "ember/memory/cuda_backing.h"
 #include "ember/memory/cuda_scoped.h"
 #endif
 
@@ -221,6 +222,7 @@ void* PinnedPool::allocate_from_system(int64_t size) {
       return std::aligned_alloc(static_cast<size_t>(align), static_cast<size_t>(bytes));
 #if defined(EMBER_WITH_CUDA)
     case PinnedSource::CudaHostAlloc: {
+      ScopedDevice scoped(pinning_device());  // no new context on a device the process does not use
       void* p = nullptr;
       cudaError_t st = cudaHostAlloc(&p, static_cast<size_t>(bytes), cudaHostAllocPortable);
       if (st == cudaErrorMemoryAllocation) {
@@ -234,6 +236,7 @@ void* PinnedPool::allocate_from_system(int64_t size) {
       void* p = std::aligned_alloc(static_cast<size_t>(kHostPage), static_cast<size_t>(bytes));
       if (p == nullptr) return nullptr;
       touch_pages(static_cast<char*>(p), bytes, register_threads_);
+      ScopedDevice scoped(pinning_device());  // no new context on a device the process does not use
       const cudaError_t st = cudaHostRegister(p, static_cast<size_t>(bytes), cudaHostRegisterPortable);
       if (st == cudaSuccess) return p;
       (void)cudaGetLastError();
