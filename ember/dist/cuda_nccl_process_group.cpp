@@ -12,6 +12,7 @@
 #include "ember/base/cuda_check.h"
 #include "ember/base/error.h"
 #include "ember/dist/nccl_process_group.h"
+#include "ember/memory/cuda_backing.h"
 #include "ember/memory/cuda_device.h"
 
 #define EMBER_NCCL_CHECK(expr)                                                                                    \
@@ -46,7 +47,9 @@ class DeviceScope {
     EMBER_CUDA_CHECK(cudaGetDevice(&previous_));
     if (previous_ != device) EMBER_CUDA_CHECK(cudaSetDevice(device));
   }
-  ~DeviceScope() { cudaSetDevice(previous_); }
+  ~DeviceScope() {  // not back to a device without a context: cudaSetDevice would create one (memory/cuda_scoped.h)
+    if (memory::primary_context_active(previous_)) cudaSetDevice(previous_);
+  }
 
  private:
   int previous_ = 0;

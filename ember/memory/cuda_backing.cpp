@@ -400,9 +400,8 @@ int64_t CudaBacking::pooled_events() const {
   return static_cast<int64_t>(state_->events.size());
 }
 
-namespace {
-// Whether `device`'s primary context is active; true when the driver cannot say (nothing then changes device).
-bool primary_context_active(int device) {
+// cuda_backing.h. When the driver cannot say, callers behave as before: as if the context were active.
+bool primary_context_active(int device) noexcept {
   const DriverApi& api = driver_api();
   if (api.cuDeviceGet == nullptr || api.cuDevicePrimaryCtxGetState == nullptr) return true;
   CUdevice dev = 0;
@@ -413,7 +412,6 @@ bool primary_context_active(int device) {
     return true;
   return active != 0;
 }
-}  // namespace
 
 int pinning_device() {
   int current = 0;

@@ -65,6 +65,11 @@ std::unique_ptr<Backing> make_cuda_backing(int device);
 // instead of opening one on cuda:0 (several hundred MiB there), as PyTorch's pinned allocator does.
 int pinning_device();
 
+// Whether `device`'s primary context is active (cuDevicePrimaryCtxGetState); true when the driver cannot say. Since
+// CUDA 12 cudaSetDevice creates the primary context, so device guards restore the caller's device only when this
+// holds: a thread that never used cuda:0 must not get a context there from a guard's destructor.
+bool primary_context_active(int device) noexcept;
+
 #endif  // EMBER_WITH_CUDA
 
 }  // namespace ember::memory

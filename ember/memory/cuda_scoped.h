@@ -1,6 +1,7 @@
 // Small CUDA helpers shared by the memory layer's CUDA code (include only where EMBER_WITH_CUDA is defined):
 // a scope guard for the current device and the StreamId <-> cudaStream_t mapping.
-// Invariant: ScopedDevice restores the caller's device on every exit path and never throws from its destructor.
+// Invariant: ScopedDevice restores the caller's device on every exit path (unless restoring would create a context:
+// see its destructor) and never throws from its destructor.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -9,6 +10,7 @@
 
 #include "ember/base/cuda_check.h"
 #include "ember/memory/allocator.h"
+#include "ember/memory/cuda_backing.h"
 
 namespace ember::memory::cuda {
 
@@ -22,8 +24,11 @@ class ScopedDevice {
     // thread, which the driver calls of expandable segments (cuMem*) need on a thread with no runtime call yet.
     EMBER_CUDA_CHECK(cudaSetDevice(device));
   }
+  // The caller's device is restored only if its primary context is active: cudaSetDevice would create one (a rank
+  // on cuda:3 whose thread still reads device 0 would otherwise hold a context on cuda:0); the thread then stays on
+  // `device`, as PyTorch's guards leave it.
   ~ScopedDevice() {
-    if (changed_) (void)cudaSetDevice(previous_);
+    if (changed_ && primary_context_active(previous_)) (void)cudaSetDevice(previous_);
   }
   ScopedDevice(const ScopedDevice&) = delete;
   ScopedDevice& operator=(const ScopedDevice&) = delete;

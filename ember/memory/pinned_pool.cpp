@@ -233,10 +233,11 @@ void* PinnedPool::allocate_from_system(int64_t size) {
       return p;
     }
     case PinnedSource::CudaHostRegister: {
+      // No new context on a device the process does not use; made before the allocation, which a throw would leak.
+      ScopedDevice scoped(pinning_device());
       void* p = std::aligned_alloc(static_cast<size_t>(kHostPage), static_cast<size_t>(bytes));
       if (p == nullptr) return nullptr;
       touch_pages(static_cast<char*>(p), bytes, register_threads_);
-      ScopedDevice scoped(pinning_device());  // no new context on a device the process does not use
       const cudaError_t st = cudaHostRegister(p, static_cast<size_t>(bytes), cudaHostRegisterPortable);
       if (st == cudaSuccess) return p;
       (void)cudaGetLastError();

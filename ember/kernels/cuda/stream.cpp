@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "ember/base/cuda_check.h"
+#include "ember/memory/cuda_backing.h"
 #include "ember/memory/cuda_device.h"
 
 namespace ember::cuda {
@@ -53,7 +54,8 @@ void Stream::reset() noexcept {
     int previous = -1;
     if (cudaGetDevice(&previous) == cudaSuccess && previous != device_) (void)cudaSetDevice(device_);
     (void)cudaStreamDestroy(stream_);
-    if (previous >= 0 && previous != device_) (void)cudaSetDevice(previous);
+    if (previous >= 0 && previous != device_ && memory::primary_context_active(previous))
+      (void)cudaSetDevice(previous);
   }
   stream_ = nullptr;
   owned_ = false;
@@ -138,8 +140,10 @@ DeviceGuard::DeviceGuard(int device) : device_(device) {
   if (previous_ != device_) EMBER_CUDA_CHECK(cudaSetDevice(device_));
 }
 
+// Not back to a device whose primary context is inactive: cudaSetDevice would create one (memory/cuda_scoped.h).
 DeviceGuard::~DeviceGuard() {
-  if (previous_ >= 0 && previous_ != device_) (void)cudaSetDevice(previous_);
+  if (previous_ >= 0 && previous_ != device_ && memory::primary_context_active(previous_))
+    (void)cudaSetDevice(previous_);
 }
 
 }  // namespace ember::cuda

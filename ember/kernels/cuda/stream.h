@@ -62,7 +62,8 @@ class Event {
   cudaEvent_t event_ = nullptr;
 };
 
-// Makes `device` current for the guard's lifetime, then restores the previous current device.
+// Makes `device` current for the guard's lifetime, then restores the previous current device if its primary context
+// is active (restoring would otherwise create one; the thread then stays on `device`).
 class DeviceGuard {
  public:
   explicit DeviceGuard(int device);
