@@ -53,7 +53,8 @@ struct Job {
   int64_t chunks = 0;
   std::atomic<int64_t> next{0};
   std::mutex error_mutex;
-  std::exception_ptr error;
+  std::exception_ptr error;  // the exception of the lowest-numbered chunk that threw
+  int64_t error_chunk = 0;
 
   // Claims and runs chunks until none is left.
   void work() {
@@ -63,7 +64,10 @@ struct Job {
         (*run)(i);
       } catch (...) {
         std::lock_guard<std::mutex> lk(error_mutex);
-        if (!error) error = std::current_exception();
+        if (!error || i < error_chunk) {
+          error = std::current_exception();
+          error_chunk = i;
+        }
       }
     }
   }

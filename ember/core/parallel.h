@@ -24,11 +24,13 @@ namespace parallel {
 // parallel_for(n, grain, align, f) splits [0, n) into c = chunk_count(n, grain) chunks: c = min(threads, n / grain),
 // at least 1; chunk i is [chunk_begin(i), chunk_begin(i + 1)) with chunk_begin(i) = i * n / c rounded down to a
 // multiple of align. f(i, begin, end) runs once per non-empty chunk, on the calling thread or a worker (whichever
-// claims it first); parallel_for returns when all have finished and rethrows the first exception one threw. Inside a
-// chunk (or with one thread) chunk_count is 1, so nested parallel_for runs serially. Chunk bodies must not allocate
-// tensors: the allocator's statistics, traces and the meta replay of kernel workspace follow the calling thread's
-// order, so a kernel takes per-chunk workspace before the call (chunk_count tells how many) and hands it out by the
-// chunk index. If the pool is busy with another caller's job, the chunks run one after another on the caller.
+// claims it first); parallel_for returns when all have finished and rethrows the exception of the lowest-numbered
+// chunk that threw (the one a serial run raises first, so an error names the same element whichever thread ran which
+// chunk). Inside a chunk (or with one thread) chunk_count is 1, so nested parallel_for runs serially. Chunk bodies
+// must not allocate tensors: the allocator's statistics, traces and the meta replay of kernel workspace follow the
+// calling thread's order, so a kernel takes per-chunk workspace before the call (chunk_count tells how many) and hands
+// it out by the chunk index. If the pool is busy with another caller's job, the chunks run one after another on the
+// caller.
 
 // How many chunks parallel_for(n, grain, ...) uses now.
 int64_t chunk_count(int64_t n, int64_t grain);

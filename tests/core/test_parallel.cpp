@@ -8,6 +8,7 @@
 #include <atomic>
 #include <mutex>
 #include <stdexcept>
+#include <string>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -96,6 +97,29 @@ TEST(Parallel, AnExceptionReachesTheCallerAfterEveryChunk) {
   std::atomic<int64_t> sum{0};
   parallel::parallel_for(300, 1, [&](int64_t b, int64_t e) { sum += e - b; });
   EXPECT_EQ(sum.load(), 300);
+}
+
+// Several chunks throw, the later ones first in time: the caller gets the lowest chunk's exception, as a serial run
+// would raise it, whatever the timing.
+TEST(Parallel, TheLowestThrowingChunksExceptionReachesTheCaller) {
+  ScopedNumThreads tc(3);
+  for (int rep = 0; rep < 20; ++rep) {
+    std::atomic<bool> later_thrown{false};
+    try {
+      parallel::parallel_for(3, 1, 1, [&](int64_t chunk, int64_t, int64_t) {
+        if (chunk == 0) {
+          // Let a later chunk throw first when a worker runs it; on the caller alone it runs after this one.
+          for (int spin = 0; spin < 100000 && !later_thrown.load(); ++spin) std::this_thread::yield();
+          throw std::runtime_error("chunk 0");
+        }
+        later_thrown = true;
+        throw std::runtime_error("chunk " + std::to_string(chunk));
+      });
+      ADD_FAILURE() << "no exception";
+    } catch (const std::runtime_error& e) {
+      EXPECT_STREQ(e.what(), "chunk 0");
+    }
+  }
 }
 
 TEST(Parallel, TwoUserThreadsShareThePool) {
