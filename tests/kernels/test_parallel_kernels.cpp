@@ -152,6 +152,18 @@ TEST(ParallelKernels, MaxPoolFastPathAndGeneralPath) {
   expect_thread_count_invariant("max_pool2d", [&] {
     return std::vector<Tensor>{ops::max_pool2d(x, two), ops::max_pool2d(x, three), ops::avg_pool2d(x, three)};
   });
+  // Backward: planes split over the threads; the 2x2 pool's planes are written by cells, the 3x3 pool's scattered
+  // (Note [Max-pool backward by cells]); bf16 goes through a float plane per chunk.
+  for (DType dt : {DType::f32, DType::bf16}) {
+    const Tensor xd = x.to(dt);
+    const MaxPoolResult r2 = ops::max_pool2d_with_indices(xd, two), r3 = ops::max_pool2d_with_indices(xd, three);
+    const Tensor g2 = rand_input(r2.out.shape()).to(dt), g3 = rand_input(r3.out.shape()).to(dt);
+    expect_thread_count_invariant("max_pool2d_backward", [&] {
+      return std::vector<Tensor>{ops::max_pool2d_backward(g2, r2.indices, xd.shape()),
+                                 ops::max_pool2d_backward(g3, r3.indices, xd.shape()),
+                                 ops::avg_pool2d_backward(g3, xd.shape(), three)};
+    });
+  }
 }
 
 TEST(ParallelKernels, OptimizerStepsSplitOverThreads) {
