@@ -236,9 +236,9 @@ void accumulate_planes(const Tensor& grad_in, F&& f, W&& write = nullptr) {
 // When every output's index lies in its own 2x2 cell {2y, 2y+1} x {2z, 2z+1} of the input plane — always so for the
 // 2x2 / stride-2 pool of most CNNs, and for any pool whose maxima happen to — no two outputs share an input element,
 // so the scatter-add is a write: each cell gets 0 + g at the index (the sum the scatter-add forms, rounded once) and
-// 0 elsewhere, and the rows and columns no cell covers get 0. No zero-fill pass, no read-modify-write of the plane:
-// ~4x faster than zeroing and scattering (bench/RESULTS.md, CPU roofline). Each index is checked as its cell is
-// written; a plane with an index outside its cell returns false and is redone by the scatter-add, which also raises
+// 0 elsewhere, and the rows and columns no cell covers get 0: no zero-fill pass, no read-modify-write of the plane,
+// and a loop that vectorises (bench/RESULTS.md, "CPU kernels against the machine's ceilings"). Each index is checked
+// as its cell is written; a plane with an index outside its cell returns false and is redone by the scatter-add, which also raises
 // IndexError for an index outside the plane. Results are the scatter-add's bit for bit.
 template <class scalar_t>
 bool max_pool_backward_cells(const scalar_t* __restrict g, int64_t gs2, int64_t gs3, const int64_t* __restrict idx,
