@@ -9,11 +9,12 @@
 // A kernel's floor is max(flops / peak, bytes / bandwidth), its flops counted as the textbook formula (GEMM 2mnk,
 // full T x T attention products as the kernel computes them) and its bytes the minimum it must move (each input read
 // once, each output written once); "% of roof" is that floor over the measured time, and "bound" names the larger
-// term. Kernel times are medians of 5 repetitions, each of enough calls to last >= 20 ms, after 2 warm-up calls;
-// ceilings are the best of their 5 repetitions.
-// Usage: cpu_roofline [--threads 1,2] [--rounds 3] [--quick] [--json]
-//   --rounds N: measure the whole list N times (default 3): a kernel's time is the median of its rounds' medians, a
-//               ceiling the best of its rounds. --quick: one round of 5 ms repetitions, for a smoke run.
+// term. A round times every kernel as the median of 5 repetitions (each of enough calls to last >= 20 ms, after 2
+// warm-up calls) and every ceiling as the best of its 5; over the rounds, each takes its best.
+// Usage: cpu_roofline [--threads 1,2] [--rounds 5] [--quick] [--json]
+//   --rounds N: measure the whole list N times (default 5): a kernel's time is the best of its rounds (each the median
+//               of 5 repetitions), a ceiling the best of its rounds. --quick: one round of 5 ms repetitions, for a
+//               smoke run.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -304,7 +305,7 @@ std::vector<int> parse_threads(const char* s) {
 int main(int argc, char** argv) {
   std::vector<int> thread_counts{1, 2};
   bool json = false;
-  int rounds = 3;
+  int rounds = 5;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--threads") && i + 1 < argc) {
       thread_counts = parse_threads(argv[++i]);
@@ -320,15 +321,16 @@ int main(int argc, char** argv) {
     } else if (!std::strcmp(argv[i], "--json")) {
       json = true;
     } else {
-      std::fprintf(stderr, "usage: cpu_roofline [--threads 1,2] [--rounds 3] [--quick] [--json]\n");
+      std::fprintf(stderr, "usage: cpu_roofline [--threads 1,2] [--rounds 5] [--quick] [--json]\n");
       return 2;
     }
   }
   const std::vector<Case> cases = make_cases();
   for (int threads : thread_counts) {
     set_num_threads(threads);
-    // Rounds over the whole list, so a burst of another tenant's load spoils one round of a kernel, not all of them:
-    // a kernel's time is the median of its rounds, a ceiling the best.
+    // Rounds over the whole list, so a burst of another tenant's load spoils one round of a kernel, not all of them;
+    // such load only adds time, so a kernel's time is its best round (each the median of 5 repetitions) and a
+    // ceiling its best round too.
     double peak = 0, dram = 0;
     std::vector<std::vector<double>> times(cases.size()), bws(cases.size());
     for (int r = 0; r < rounds; ++r) {
@@ -348,8 +350,7 @@ int main(int argc, char** argv) {
     }
     for (size_t i = 0; i < cases.size(); ++i) {
       const Case& c = cases[i];
-      std::sort(times[i].begin(), times[i].end());
-      const double s = times[i][times[i].size() / 2];
+      const double s = *std::min_element(times[i].begin(), times[i].end());
       const double bw = *std::max_element(bws[i].begin(), bws[i].end());
       const double t_compute = c.flops / peak, t_memory = c.bytes / bw;
       const double floor = std::max(t_compute, t_memory);
