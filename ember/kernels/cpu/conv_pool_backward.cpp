@@ -3,6 +3,7 @@
 // scatter-add of overlapping windows, sum over images) runs in op_math_t and each gradient element is rounded once
 // when stored. Workspace comes from the host allocator (Note [Kernel workspace] in conv_pool.cpp).
 #include <algorithm>
+#include <cstddef>
 #include <type_traits>
 #include <vector>
 
@@ -203,20 +204,23 @@ int64_t pool_backward_grain(const Tensor& grad_in) {
 // cache), so results do not depend on the thread count.
 // write(plane, pl), when given, is tried first on each plane: it may fill grad_in's plane itself and return true, or
 // return false (whatever it wrote is then overwritten) for the plane to go through f.
-template <class scalar_t, class F, class W = bool (*)(scalar_t*, int64_t)>
+// The chunk count is taken once, for the workspace and the split alike (a thread-count change between two counts
+// could otherwise hand a chunk no workspace).
+template <class scalar_t, class F, class W = std::nullptr_t>
 void accumulate_planes(const Tensor& grad_in, F&& f, W&& write = nullptr) {
   using acc_t = op_math_t<scalar_t>;
   const int64_t planes = grad_in.size(0) * grad_in.size(1), hw = grad_in.size(2) * grad_in.size(3);
   scalar_t* gi = static_cast<scalar_t*>(grad_in.raw_data());
-  const int64_t grain = pool_backward_grain(grad_in);
+  const int64_t chunks = parallel::chunk_count(planes, pool_backward_grain(grad_in));
   std::vector<Tensor> ws;
   if constexpr (!std::is_same_v<acc_t, scalar_t>) {
-    const int64_t chunks = parallel::chunk_count(planes, grain);
     for (int64_t c = 0; c < chunks; ++c) ws.push_back(empty({hw}, TensorOptions(dtype_of_v<acc_t>, Device::cpu())));
   }
-  parallel::parallel_for(planes, grain, 1, [&](int64_t chunk, int64_t lo, int64_t hi) {
+  parallel::parallel_for(chunks, 1, 1, [&](int64_t chunk, int64_t, int64_t) {
+    const int64_t lo = parallel::chunk_begin(chunk, chunks, planes, 1);
+    const int64_t hi = parallel::chunk_begin(chunk + 1, chunks, planes, 1);
     for (int64_t pl = lo; pl < hi; ++pl) {
-      if constexpr (!std::is_pointer_v<std::decay_t<W>>) {
+      if constexpr (!std::is_same_v<std::decay_t<W>, std::nullptr_t>) {
         if (write(gi + pl * hw, pl)) continue;
       }
       if constexpr (std::is_same_v<acc_t, scalar_t>) {
@@ -234,19 +238,20 @@ void accumulate_planes(const Tensor& grad_in, F&& f, W&& write = nullptr) {
 
 // Note [Max-pool backward by cells]
 // When every output's index lies in its own 2x2 cell {2y, 2y+1} x {2z, 2z+1} of the input plane — always so for the
-// 2x2 / stride-2 pool of most CNNs, and for any pool whose maxima happen to — no two outputs share an input element,
-// so the scatter-add is a write: each cell gets 0 + g at the index (the sum the scatter-add forms, rounded once) and
-// 0 elsewhere, and the rows and columns no cell covers get 0: no zero-fill pass, no read-modify-write of the plane,
-// and a loop that vectorises (bench/RESULTS.md, "CPU kernels against the machine's ceilings"). Each index is checked
-// as its cell is written; a plane with an index outside its cell returns false and is redone by the scatter-add, which also raises
-// IndexError for an index outside the plane. Results are the scatter-add's bit for bit.
+// unpadded 2x2 / stride-2 pool of most CNNs, and for any pool whose maxima happen to — no two outputs share an input
+// element, so the scatter-add is a write: each cell gets 0 + g at the index (the sum the scatter-add forms, rounded
+// once) and 0 elsewhere, and the rows and columns no cell covers get 0: no zero-fill pass, no read-modify-write of
+// the plane, and a loop that vectorises (bench/RESULTS.md, "CPU kernels against the machine's ceilings"). Each index
+// is compared with its cell's four positions as the cell is written (compared, not subtracted: any int64 index is
+// safe); at the end of the first row with an index outside its cell the plane returns false and is redone by the
+// scatter-add, which also raises IndexError for an index outside the plane — so a pool whose windows overlap (3x3,
+// stride 2) pays one row per plane. Results are the scatter-add's bit for bit.
 template <class scalar_t>
 bool max_pool_backward_cells(const scalar_t* __restrict g, int64_t gs2, int64_t gs3, const int64_t* __restrict idx,
                              int64_t is2, int64_t is3, int64_t oh, int64_t ow, int64_t h, int64_t w,
                              scalar_t* __restrict plane) {
   using acc_t = op_math_t<scalar_t>;
   const scalar_t zero = scalar_t(acc_t(0));
-  bool in_cells = true;
   for (int64_t y = 0; y < oh; ++y) {
     scalar_t* r0 = plane + 2 * y * w;
     scalar_t* r1 = r0 + w;
@@ -256,19 +261,19 @@ bool max_pool_backward_cells(const scalar_t* __restrict g, int64_t gs2, int64_t 
     int64_t outside = 0;
     // Selects, not branches (random data would mispredict where the maximum was); the loop vectorises.
     for (int64_t z = 0; z < ow; ++z) {
-      const int64_t d = irow[z * is3] - (base + 2 * z);
+      const int64_t i = irow[z * is3], at = base + 2 * z;  // at: the cell's top-left corner
       const acc_t v = acc_t(0) + static_cast<acc_t>(grow[z * gs3]);
-      r0[2 * z] = scalar_t(d == 0 ? v : acc_t(0));
-      r0[2 * z + 1] = scalar_t(d == 1 ? v : acc_t(0));
-      r1[2 * z] = scalar_t(d == w ? v : acc_t(0));
-      r1[2 * z + 1] = scalar_t(d == w + 1 ? v : acc_t(0));
-      outside += (d != 0) & (d != 1) & (d != w) & (d != w + 1);
+      r0[2 * z] = scalar_t(i == at ? v : acc_t(0));
+      r0[2 * z + 1] = scalar_t(i == at + 1 ? v : acc_t(0));
+      r1[2 * z] = scalar_t(i == at + w ? v : acc_t(0));
+      r1[2 * z + 1] = scalar_t(i == at + w + 1 ? v : acc_t(0));
+      outside += (i != at) & (i != at + 1) & (i != at + w) & (i != at + w + 1);
     }
-    in_cells &= outside == 0;
+    if (outside != 0) return false;
     for (int64_t z = 2 * ow; z < w; ++z) r0[z] = r1[z] = zero;
   }
   std::fill(plane + 2 * oh * w, plane + h * w, zero);
-  return in_cells;
+  return true;
 }
 
 void max_pool2d_backward_kernel(const Tensor& grad_out, const Tensor& indices, const Tensor& grad_in) {
