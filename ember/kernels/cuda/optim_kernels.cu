@@ -56,6 +56,10 @@ __global__ void adam_kernel(T* __restrict__ p, const T* __restrict__ g, state_t<
 // stride over its elements. Entries of one launch share T; each carries its own coefficients.
 constexpr int kMultiEntries = 24;  // per launch: the table (~2 KiB) stays well inside the 4 KiB kernel-parameter space
 constexpr int kMultiMaxBlocksPerEntry = 64;
+// An entry with more elements than an entry's blocks cover at 16 elements per thread runs alone, on the
+// single-tensor kernel's full grid: in a table its 64 blocks would leave most of the GPU idle while they finish
+// (GPT-2's 38.6M-element token embedding: 16K threads, ~2.4K elements each, the tail of its launch).
+constexpr int64_t kMultiMaxEntryNumel = int64_t{kMultiMaxBlocksPerEntry} * kElementwiseThreads * 16;
 
 template <class T>
 struct AdamTable {
@@ -110,16 +114,25 @@ void launch_adam(const Tensor& param, const Tensor& grad, const Tensor& exp_avg,
   EMBER_CUDA_LAUNCH_CHECK();
 }
 
-// Launches over entries [0, entries.size()) in tables of kMultiEntries, each entry's blocks sized by its numel.
+// Launches the entries above kMultiMaxEntryNumel one by one (launch_adam), the rest in tables of kMultiEntries, each
+// entry's blocks sized by its numel. Either way each element gets the same update.
 template <class T>
-void launch_adam_multi(const std::vector<AdamStepEntry>& entries, cudaStream_t stream) {
+void launch_adam_multi(const std::vector<AdamStepEntry>& all, cudaStream_t stream) {
   using M = op_math_t<T>;
+  std::vector<const AdamStepEntry*> entries;
+  entries.reserve(all.size());
+  for (const AdamStepEntry& e : all) {
+    if (e.param.numel() > kMultiMaxEntryNumel)
+      launch_adam<T>(e.param, e.grad, e.exp_avg, e.exp_avg_sq, e.p, stream);
+    else
+      entries.push_back(&e);
+  }
   for (size_t first = 0; first < entries.size(); first += kMultiEntries) {
     const size_t count = std::min<size_t>(kMultiEntries, entries.size() - first);
     AdamTable<T> t{};
     int64_t most = 0;
     for (size_t k = 0; k < count; ++k) {
-      const AdamStepEntry& e = entries[first + k];
+      const AdamStepEntry& e = *entries[first + k];
       t.p[k] = static_cast<T*>(e.param.raw_data());
       t.g[k] = static_cast<const T*>(e.grad.raw_data());
       t.m[k] = static_cast<state_t<T>*>(e.exp_avg.raw_data());
