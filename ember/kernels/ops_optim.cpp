@@ -119,8 +119,10 @@ void adam_step_(const Tensor& param, const Tensor& grad, const Tensor& exp_avg, 
 // microseconds of launch latency each (148 launches for GPT-2 124M) and leaves the GPU idle between small tensors. The
 // multi-tensor kernel takes a table of entries (pointers, sizes and each entry's coefficients: learning rates and step
 // counts may differ per parameter group) and updates a few dozen tensors per launch, each element with the same
-// optim_math.h formula as the single-tensor kernels, so results are identical to one adam_step_ per entry. Every
-// entry is checked before any is updated, so a bad entry leaves all parameters untouched.
+// optim_math.h formula as the single-tensor kernels, so results are identical to one adam_step_ per entry. A tensor
+// too large for a table entry's fixed share of blocks (above 256 Ki elements on CUDA) gets a launch of its own on the
+// single-tensor kernel's full grid. Every entry is checked before any is updated, so a bad entry leaves all
+// parameters untouched.
 void adam_step_multi_(const std::vector<AdamStepEntry>& entries) {
   const char* op = "adam_step_multi_";
   std::vector<Device> devices;

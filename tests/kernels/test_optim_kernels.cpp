@@ -141,14 +141,16 @@ TEST_P(OptimKernelTest, AdamFirstStepIsSignStep) {
 }
 
 // adam_step_multi_ (Note [Multi-tensor Adam] in ember/kernels/ops_optim.cpp): 60 entries (more than one launch's
-// table on CUDA) of mixed sizes, empty ones among them, with per-entry learning rates and step counts, and two dtypes
+// table on CUDA) of mixed sizes, empty ones and two large ones among them, with per-entry learning rates and step counts, and two dtypes
 // in one call: every entry ends bitwise equal to its own adam_step_ on copies of the same operands.
 TEST_P(OptimKernelTest, MultiTensorAdamEqualsOneStepPerTensor) {
   EMBER_REQUIRE_KERNEL(adam_step_stub);
   std::vector<AdamStepEntry> multi, single;
   for (int i = 0; i < 60; ++i) {
     const DType dt = i % 7 == 3 ? DType::f64 : (i % 5 == 1 ? DType::bf16 : DType::f32);
-    const Shape shape{i % 11 == 0 ? 0 : (i * 37) % 1500 + 1};
+    // Two entries above the CUDA table's 256 Ki-element limit (kMultiMaxEntryNumel), which run alone there.
+    const int64_t n = i == 17 ? 300000 : i == 42 ? 262145 : (i % 11 == 0 ? 0 : (i * 37) % 1500 + 1);
+    const Shape shape{n};
     const AdamParams o{1e-3 * (1 + i % 3), 0.9, 0.999, 1e-8, 0.01 * (i % 2), i % 4 != 0, 1 + i % 5};
     const Tensor p64 = rand_input(shape), g64 = rand_input(shape), m64 = rand_input(shape, -0.1, 0.1);
     const Tensor v64 = rand_input(shape, 0.0, 0.1);
