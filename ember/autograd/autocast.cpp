@@ -51,8 +51,6 @@ ThreadState& state() {
 
 DeviceState& device_state(DeviceType t) { return state().devices[static_cast<int>(t)]; }
 
-bool is_half(DType d) { return d == DType::f16 || d == DType::bf16; }
-
 }  // namespace
 
 const std::vector<AutocastPolicyEntry>& autocast_policy() {
@@ -91,7 +89,7 @@ AutocastGuard::AutocastGuard(DeviceType device_type, bool enabled, bool cache_en
 
 AutocastGuard::AutocastGuard(DeviceType device_type, DType dtype, bool enabled, bool cache_enabled)
     : device_type_(device_type) {
-  EMBER_CHECK(is_half(dtype), DTypeError, "autocast: dtype must be f16 or bf16, got ", dtype_name(dtype));
+  EMBER_CHECK(is_reduced_float(dtype), DTypeError, "autocast: dtype must be f16 or bf16, got ", dtype_name(dtype));
   DeviceState& s = device_state(device_type);
   prev_enabled_ = s.enabled;
   prev_cache_enabled_ = s.cache_enabled;
@@ -129,7 +127,7 @@ bool should_cast(std::initializer_list<const Tensor*> inputs) {
 Tensor cast_for(AutocastCategory category, const Tensor& x) {
   if (!x.defined() || !is_floating(x.dtype()) || x.dtype() == DType::f64) return x;
   if (category == AutocastCategory::promote) return x;
-  if (category == AutocastCategory::fp32) return is_half(x.dtype()) ? cast(x, DType::f32) : x;
+  if (category == AutocastCategory::fp32) return is_reduced_float(x.dtype()) ? cast(x, DType::f32) : x;
   const DeviceState& ds = device_state(x.device().type);
   if (x.dtype() == ds.dtype) return x;
   const bool cacheable = ds.cache_enabled && x.dtype() == DType::f32 && x.requires_grad() && x.is_leaf();

@@ -113,7 +113,7 @@ LayerNormResult layer_norm_with_stats(const Tensor& x, const Shape& normalized_s
     autocast::BodyGuard body;
     // With an affine parameter, the mixed form keeps x in f16/bf16 and returns f32 (Note [Mixed layer norm] in
     // kernels/ops_norm.cpp): fp32 arithmetic and result, without an f32 copy of x saved for backward.
-    const bool mixed = (x.dtype() == DType::f16 || x.dtype() == DType::bf16) && (weight.defined() || bias.defined());
+    const bool mixed = is_reduced_float(x.dtype()) && (weight.defined() || bias.defined());
     return layer_norm_with_stats(mixed ? x : autocast::fp32(x), normalized_shape, autocast::fp32(weight),
                                  autocast::fp32(bias), eps);
   }
@@ -149,10 +149,9 @@ Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& 
 // an f32, f16 or bf16 residual and f32 (or no) affine parameters — add promotes to f32 and layer_norm keeps f32.
 AddLayerNormOutputs add_layer_norm(const Tensor& x, const Tensor& residual, const Shape& normalized_shape,
                                    const Tensor& weight, const Tensor& bias, double eps) {
-  auto is_half = [](const Tensor& t) { return t.dtype() == DType::f16 || t.dtype() == DType::bf16; };
   auto f32_or_none = [](const Tensor& t) { return !t.defined() || t.dtype() == DType::f32; };
   bool fused = x.defined() && residual.defined() && x.sizes() == residual.sizes() && is_floating(x.dtype()) &&
-               (x.dtype() == residual.dtype() || (x.dtype() == DType::f32 && is_half(residual)));
+               (x.dtype() == residual.dtype() || (x.dtype() == DType::f32 && is_reduced_float(residual.dtype())));
   if (fused && autocast::should_cast({&x, &residual, &weight, &bias}))
     fused = x.dtype() == DType::f32 && f32_or_none(weight) && f32_or_none(bias);
   if (!fused) {

@@ -52,7 +52,7 @@ DType parse_dtype(const std::string& s) {
   EMBER_THROW(ConfigError, "unknown dtype '", s, "' (expected one of f32, f16, bf16, f64, i32, i64, u8, bool, i8, i16)");
 }
 
-bool is_floating(DType d) { return d == DType::f32 || d == DType::f16 || d == DType::bf16 || d == DType::f64; }
+bool is_floating(DType d) { return d == DType::f32 || d == DType::f64 || is_reduced_float(d); }
 bool is_integral(DType d) { return !is_floating(d); }
 
 DType promote_types(DType a, DType b) {

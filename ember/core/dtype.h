@@ -19,6 +19,8 @@ int64_t itemsize(DType d);
 const char* dtype_name(DType d);  // "f32", "f16", "bf16", "f64", "i32", "i64", "u8", "bool", "i8", "i16"
 DType parse_dtype(const std::string& s);  // accepts the names above and float32/float16/bfloat16/... ; ConfigError
 bool is_floating(DType d);
+// f16 or bf16: the 16-bit floating dtypes, stored in 16 bits and computed in f32 (PyTorch's "reduced floating").
+constexpr bool is_reduced_float(DType d) { return d == DType::f16 || d == DType::bf16; }
 bool is_integral(DType d);  // integers and bool
 // The dtype a binary op between a and b computes in (PyTorch's lattice: bool < u8, i8 < i16 < i32 < i64 < f16/bf16 <
 // f32 < f64; u8 with i8 gives i16, f16 with bf16 gives f32).

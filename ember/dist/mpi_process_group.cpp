@@ -129,8 +129,6 @@ class MpiWork : public PolledWork {
   std::function<void()> finish_;
 };
 
-bool is_half(DType d) { return d == DType::f16 || d == DType::bf16; }
-
 class MpiProcessGroup : public ProcessGroup {
  public:
   MpiProcessGroup(MPI_Comm comm, int rank, int size) : ProcessGroup(rank, size), comm_(comm) {}
@@ -147,7 +145,7 @@ class MpiProcessGroup : public ProcessGroup {
     check_tensor("all_reduce", tensor);
     check_reducible("all_reduce", tensor.dtype(), op);
     const int count = checked_count("all_reduce", tensor.numel());
-    Tensor buf = is_half(tensor.dtype()) ? tensor.to(DType::f32) : tensor;
+    Tensor buf = is_reduced_float(tensor.dtype()) ? tensor.to(DType::f32) : tensor;
     const int n = size();
     auto finish = [dst = Tensor(tensor), buf, op, n]() mutable {
       if (op == ReduceOp::Avg) divide_(buf, n);
@@ -169,8 +167,8 @@ class MpiProcessGroup : public ProcessGroup {
     EMBER_CHECK(input.numel() == output.numel() * size(), ShapeError, "dist::reduce_scatter: input ",
                 input.description(), " must hold size() = ", size(), " chunks of output ", output.description());
     checked_count("reduce_scatter", input.numel());
-    Tensor in = is_half(input.dtype()) ? input.to(DType::f32) : input;
-    Tensor out = is_half(output.dtype()) ? empty({output.numel()}, {DType::f32, Device::cpu()}) : output;
+    Tensor in = is_reduced_float(input.dtype()) ? input.to(DType::f32) : input;
+    Tensor out = is_reduced_float(output.dtype()) ? empty({output.numel()}, {DType::f32, Device::cpu()}) : output;
     const int n = size();
     auto finish = [dst = Tensor(output), out, op, n]() mutable {
       if (op == ReduceOp::Avg) divide_(out, n);
@@ -220,7 +218,7 @@ class MpiProcessGroup : public ProcessGroup {
 
  private:
   static void check_reducible(const char* op, DType d, ReduceOp rop) {
-    const bool floating = d == DType::f32 || d == DType::f64 || is_half(d);
+    const bool floating = is_floating(d);
     const bool integer = d == DType::i32 || d == DType::i64;
     EMBER_CHECK(floating || integer, DTypeError, "dist::", op, ": the MPI backend reduces f32, f64, f16, bf16, i32 "
                 "and i64 tensors, not ", dtype_name(d));

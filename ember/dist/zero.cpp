@@ -32,7 +32,7 @@ ZeroRedundancyOptimizer::ZeroRedundancyOptimizer(std::vector<Tensor> params,
                 p.description(), " is not on the ", group_->backend(), " group's device ", group_->device().str());
     numel_ += p.numel();
   }
-  mixed_ = dtype_ == DType::f16 || dtype_ == DType::bf16;
+  mixed_ = is_reduced_float(dtype_);
   if (mixed_) optim::detail::check_scaler_options("ZeroRedundancyOptimizer", options_.scaler);
   const int64_t w = group_->size();
   shard_numel_ = (numel_ + w - 1) / w;

@@ -239,7 +239,7 @@ EMBER_HD_INLINE bool compare_fn(BinaryOp op, T a, T b) {
 
 // The dtype of op_math_t for elements of dtype `dt`: f32 for f16/bf16, else dt itself. A binary op's scalar operand
 // arrives in this dtype of the output (Note [Scalar operands] in ops_elementwise.cpp).
-inline DType op_math_dtype(DType dt) { return dt == DType::f16 || dt == DType::bf16 ? DType::f32 : dt; }
+inline DType op_math_dtype(DType dt) { return is_reduced_float(dt) ? DType::f32 : dt; }
 
 // ---- op names (error messages of the front ends and of every device's kernels) ---------------------------------
 inline const char* unary_op_name(UnaryOp op) {

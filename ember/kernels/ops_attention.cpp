@@ -28,13 +28,13 @@ AttentionShape check_qkv(const char* op, const Tensor& qkv, int64_t n_head) {
 
 }  // namespace
 
-DType attention_lse_dtype(DType qkv) { return qkv == DType::f16 || qkv == DType::bf16 ? DType::f32 : qkv; }
+DType attention_lse_dtype(DType qkv) { return is_reduced_float(qkv) ? DType::f32 : qkv; }
 
 bool has_attention_kernel(Device device, DType dtype) {
   if (!attention_stub.has(device.type) || !attention_backward_stub.has(device.type)) return false;
   // Every floating dtype: the CPU kernel (and the meta replay of its workspace) runs f16/bf16 through f32 copies
   // (Note [16-bit attention on the CPU] in cpu/attention.cpp), the CUDA one takes 16-bit qkv directly.
-  return dtype == DType::f32 || dtype == DType::f64 || dtype == DType::f16 || dtype == DType::bf16;
+  return is_floating(dtype);
 }
 
 AttentionResult attention_qkv(const Tensor& qkv, int64_t n_head, bool causal) {

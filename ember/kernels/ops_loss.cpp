@@ -15,7 +15,7 @@ namespace ops {
 
 namespace {
 
-DType accumulation_dtype(DType logits) { return logits == DType::f16 || logits == DType::bf16 ? DType::f32 : logits; }
+DType accumulation_dtype(DType logits) { return is_reduced_float(logits) ? DType::f32 : logits; }
 
 // Checks logits [M, C] and target [M] of a fused cross-entropy op; returns the targets contiguous.
 Tensor check_rows(const char* op, const Tensor& logits, const Tensor& target, int64_t ignore_index, double smoothing) {

@@ -31,7 +31,7 @@ Tensor softmax_front(const char* op, const Tensor& x, int64_t dim, bool log) {
 DType affine_dtype(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   const Tensor& p = weight.defined() ? weight : bias;
   if (!p.defined()) return x.dtype();
-  const bool mixed = (x.dtype() == DType::f16 || x.dtype() == DType::bf16) && p.dtype() == DType::f32;
+  const bool mixed = is_reduced_float(x.dtype()) && p.dtype() == DType::f32;
   return mixed ? DType::f32 : x.dtype();
 }
 
@@ -112,7 +112,7 @@ AddLayerNormResult add_layer_norm_with_stats(const Tensor& x, const Tensor& resi
   const char* op = "add_layer_norm";
   EMBER_CHECK(x.defined() && residual.defined(), ValueError, op, ": x and residual must be defined");
   const bool half_into_f32 =
-      x.dtype() == DType::f32 && (residual.dtype() == DType::f16 || residual.dtype() == DType::bf16);
+      x.dtype() == DType::f32 && is_reduced_float(residual.dtype());
   EMBER_CHECK(x.dtype() == residual.dtype() || half_into_f32, DTypeError, op, ": x ", x.description(),
               " and residual ", residual.description(),
               " differ in dtype (the fused form takes one dtype, or an f16/bf16 residual added to an f32 x)");
@@ -159,7 +159,7 @@ LayerNormGrads layer_norm_backward(const Tensor& g, const Tensor& x, const Tenso
     EMBER_CHECK(x.sizes() == g.sizes(), ShapeError, op, ": input ", x.description(), " and gradient ", g.description(),
                 " differ in shape");
     x_dtype = x.dtype();
-    const bool mixed = (x_dtype == DType::f16 || x_dtype == DType::bf16) && out_dtype == DType::f32;
+    const bool mixed = is_reduced_float(x_dtype) && out_dtype == DType::f32;
     EMBER_CHECK(out_dtype == x_dtype || mixed, DTypeError, op, ": gradient ", g.description(),
                 " must have the input's dtype or, for an f16/bf16 input, f32 (input ", x.description(), ")");
     const DType stats_dtype = x_dtype == DType::f64 ? DType::f64 : DType::f32;

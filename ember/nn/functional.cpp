@@ -99,7 +99,7 @@ Tensor nll_rows(const char* op, const ClassRows& r, const Tensor& logp, int64_t 
   check_targets(op, r.target, r.classes, ignore_index);
   const Device dev = logp.device();
   const DType out_dtype = logp.dtype();
-  const DType acc = (out_dtype == DType::f16 || out_dtype == DType::bf16) ? DType::f32 : out_dtype;
+  const DType acc = is_reduced_float(out_dtype) ? DType::f32 : out_dtype;
   const int64_t rows = r.target.numel();
   const Tensor valid = ne(r.target, scalar_tensor(ignore_index, {DType::i64, dev}));  // [M] bool
   const Tensor safe_target = where(valid, r.target, scalar_tensor(int64_t{0}, {DType::i64, dev}));
@@ -159,7 +159,7 @@ Tensor cross_entropy(const Tensor& input, const Tensor& target, int64_t ignore_i
     autocast::BodyGuard body;
     if (has_cross_entropy_kernel(input.device())) {  // f16/bf16 logits read as they are, f32 math and result
       const ClassRows r = to_class_rows("cross_entropy", input, target);
-      const bool half = input.dtype() == DType::f16 || input.dtype() == DType::bf16;
+      const bool half = is_reduced_float(input.dtype());
       return fused_cross_entropy(r, ignore_index, label_smoothing, reduction, half ? DType::f32 : input.dtype());
     }
     return cross_entropy(autocast::fp32(input), target, ignore_index, label_smoothing, reduction);
@@ -235,7 +235,7 @@ Tensor batch_norm(const Tensor& input, const Tensor& running_mean, const Tensor&
 
   // Half inputs are normalised in f32 (PyTorch accumulates batch-norm statistics in f32 too).
   const DType out_dtype = input.dtype();
-  const DType compute = (out_dtype == DType::f16 || out_dtype == DType::bf16) ? DType::f32 : out_dtype;
+  const DType compute = is_reduced_float(out_dtype) ? DType::f32 : out_dtype;
   const Tensor x = cast(input, compute);
   Tensor mu, var;
   if (training) {

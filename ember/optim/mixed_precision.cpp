@@ -42,7 +42,7 @@ MixedPrecisionOptimizer::MixedPrecisionOptimizer(std::vector<ParamGroup> groups,
                                                  const OptimizerFactory& make_optimizer,
                                                  MixedPrecisionOptions options)
     : options_(options) {
-  EMBER_CHECK(options_.dtype == DType::f16 || options_.dtype == DType::bf16, ValueError, kWho,
+  EMBER_CHECK(is_reduced_float(options_.dtype), ValueError, kWho,
               ": dtype must be f16 or bf16, got ", dtype_name(options_.dtype));
   if (uses_scaling(options_)) detail::check_scaler_options(kWho, options_.scaler);
   EMBER_CHECK(make_optimizer != nullptr, ValueError, kWho, ": no optimizer factory");

@@ -101,7 +101,7 @@ double tolerance_for(DType dt) {
   }
 }
 
-DType lse_dtype_for(DType dt) { return dt == DType::f16 || dt == DType::bf16 ? DType::f32 : dt; }
+DType lse_dtype_for(DType dt) { return is_reduced_float(dt) ? DType::f32 : dt; }
 
 struct Shape4 {
   int64_t B, T, C, H;

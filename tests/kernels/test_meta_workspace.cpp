@@ -168,7 +168,7 @@ TEST(MetaWorkspace, FusedAttentionOverThreads) {
     SCOPED_TRACE(threads);
     for (DType dt : {DType::f32, DType::f64, DType::f16, DType::bf16}) {
       SCOPED_TRACE(dtype_name(dt));
-      const DType lse_dt = dt == DType::f16 || dt == DType::bf16 ? DType::f32 : dt;
+      const DType lse_dt = is_reduced_float(dt) ? DType::f32 : dt;
       expect_same_peak("forward", [=](Device d) { return std::vector<Tensor>{input({3, 9, 3 * 16}, dt, d)}; },
                        [](const std::vector<Tensor>& in) { return ops::attention_qkv(in[0], 4, true).out; });
       expect_same_peak("backward", [=](Device d) {

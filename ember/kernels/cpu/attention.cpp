@@ -188,7 +188,6 @@ void attention_backward_typed(const Tensor& grad_out, const Tensor& qkv, const T
 // kernel also rounds its scores and weights to 16 bits between its products (Note [Attention precision] in
 // cuda/attention.cu). The copies are workspace of the call: 2 (forward) or 3 (backward) f32 tensors the size of the
 // 16-bit operands, taken before the per-thread buffers and replayed on meta in that order.
-bool is_16bit(DType d) { return d == DType::f16 || d == DType::bf16; }
 
 Tensor f32_copy(const Tensor& t) {
   Tensor c = empty(t.sizes(), TensorOptions(DType::f32, Device::cpu()));
@@ -238,7 +237,7 @@ void attention_backward_kernel(const Tensor& grad_out, const Tensor& qkv, const 
 // ---- the same workspace on meta (Note [Meta kernels]) -----------------------------------------------------------
 
 void check_meta_dtype(const char* op, DType dtype) {
-  if (dtype != DType::f32 && dtype != DType::f64 && !is_16bit(dtype)) throw_unsupported_dtype(op, dtype);
+  if (!is_floating(dtype)) throw_unsupported_dtype(op, dtype);
 }
 
 void take_gemms(MetaWorkspace& ws, DType dtype, const std::vector<GemmShape>& shapes) {
@@ -250,7 +249,7 @@ void attention_meta_kernel(const Tensor& qkv, int64_t n_head, bool, const Tensor
   const AttentionGeometry g = geometry(qkv, n_head);
   MetaWorkspace ws;
   DType dt = qkv.dtype();
-  if (is_16bit(dt)) {  // Note [16-bit attention on the CPU]: qkv's and out's f32 copies
+  if (is_reduced_float(dt)) {  // Note [16-bit attention on the CPU]: qkv's and out's f32 copies
     dt = DType::f32;
     ws.take(qkv.numel(), dt);
     ws.take(g.B * g.T * g.C, dt);
@@ -268,7 +267,7 @@ void attention_backward_meta_kernel(const Tensor&, const Tensor& qkv, const Tens
   const AttentionGeometry g = geometry(qkv, n_head);
   MetaWorkspace ws;
   DType dt = qkv.dtype();
-  if (is_16bit(dt)) {  // Note [16-bit attention on the CPU]: qkv's, grad_out's and grad_qkv's f32 copies
+  if (is_reduced_float(dt)) {  // Note [16-bit attention on the CPU]: qkv's, grad_out's and grad_qkv's f32 copies
     dt = DType::f32;
     ws.take(qkv.numel(), dt);
     ws.take(g.B * g.T * g.C, dt);

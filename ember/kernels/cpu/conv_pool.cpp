@@ -227,7 +227,7 @@ void avg_pool2d_kernel(const Tensor& x, const Pool2dParams& p, const Tensor& out
 void conv2d_meta_kernel(const Tensor& x, const Tensor& weight, const Tensor& bias, const Conv2dParams& p,
                         const Tensor& out) {
   if (out.numel() == 0) return;
-  const bool widen = x.dtype() == DType::f16 || x.dtype() == DType::bf16;
+  const bool widen = is_reduced_float(x.dtype());
   const DType acc = widen ? DType::f32 : x.dtype();
   const ConvGeometry g(x, weight, out, p);
   const bool in_place = !widen && weight.stride(3) == 1 && weight.stride(2) == g.kw && weight.stride(1) == g.kh * g.kw;

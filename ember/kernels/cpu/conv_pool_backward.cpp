@@ -341,8 +341,6 @@ void avg_pool2d_backward_kernel(const Tensor& grad_out, const Pool2dParams& p, c
 
 // ---- the same workspace on meta (Note [Meta kernels] in kernels/stubs.h) -------------------------------------------
 
-bool widens(DType dtype) { return dtype == DType::f16 || dtype == DType::bf16; }
-
 // conv2d_backward_typed's workspace in its order. grad_x: the packed weight unless used in place, then per chunk the
 // packed grad_out matrix unless viewed in place, the column gradient, (f16/bf16) the image accumulator and the
 // Gemm's workspace, all freed before grad_w's: (f16/bf16) the f32 result, the other partial sums, then per chunk the
@@ -350,7 +348,7 @@ bool widens(DType dtype) { return dtype == DType::f16 || dtype == DType::bf16; }
 void conv2d_backward_meta_kernel(const Tensor& grad_out, const Tensor& x, const Tensor& weight, const Conv2dParams& p,
                                  const Tensor& grad_x, const Tensor& grad_w) {
   if (grad_out.numel() == 0) return;
-  const bool widen = widens(grad_out.dtype());
+  const bool widen = is_reduced_float(grad_out.dtype());
   const DType acc = widen ? DType::f32 : grad_out.dtype();
   const ConvGeometry g(x, weight, grad_out, p);
   const bool gout_view = !widen && grad_out.stride(2) == grad_out.stride(3) * g.ow;
@@ -385,7 +383,7 @@ void conv2d_backward_meta_kernel(const Tensor& grad_out, const Tensor& x, const 
 
 // accumulate_planes' f32 planes for f16/bf16, one per chunk.
 void pool2d_backward_meta_workspace(const Tensor& grad_in) {
-  if (!widens(grad_in.dtype())) return;
+  if (!is_reduced_float(grad_in.dtype())) return;
   MetaWorkspace ws;
   const int64_t chunks = parallel::chunk_count(grad_in.size(0) * grad_in.size(1), pool_backward_grain(grad_in));
   for (int64_t c = 0; c < chunks; ++c) ws.take(grad_in.size(2) * grad_in.size(3), DType::f32);

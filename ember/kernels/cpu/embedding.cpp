@@ -100,7 +100,7 @@ void embedding_backward_kernel(const Tensor& grad_out, const Tensor& indices, co
 // one row per distinct index, which a meta run cannot count: it takes min(n, V) rows, the most there can be (exact
 // when the indices cover that many rows, as a batch of tokens over a small vocabulary or distinct positions do).
 void embedding_backward_meta_kernel(const Tensor& grad_out, const Tensor& indices, const Tensor& grad_weight) {
-  if (grad_weight.dtype() != DType::f16 && grad_weight.dtype() != DType::bf16) return;
+  if (!is_reduced_float(grad_weight.dtype())) return;
   const int64_t v = grad_weight.size(0), d = grad_weight.size(1), n = grad_out.size(0);
   const int64_t max_rows = std::min(n, v);
   MetaWorkspace ws;

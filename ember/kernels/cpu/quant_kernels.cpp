@@ -173,7 +173,7 @@ void weight_linear_meta_kernel(const Tensor& x, const Tensor& q, const Tensor& s
   ws.take(b.nb * b.kb, acc);
   ws.take(b.mb * b.nb, acc);
   if (b.kb < k) ws.take(b.mb * b.nb, acc);
-  if (x.dtype() == DType::f16 || x.dtype() == DType::bf16) ws.take(b.mb * k, acc);
+  if (is_reduced_float(x.dtype())) ws.take(b.mb * k, acc);
   // The bmm calls: the first chunk, row block and K tile have the largest shapes; each call frees its workspace.
   // x's slice is row-major with row stride K; the tile's transpose is column-major with column stride kb.
   replay_bmm_workspace(acc, 1, b.mb, b.kb, b.nb, k, 1, 1, b.kb);

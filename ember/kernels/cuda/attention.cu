@@ -299,7 +299,7 @@ void backward(const Geometry& g, bool causal, const void* grad_out, const void* 
 
 // ---- entry points -----------------------------------------------------------------------------------------------
 
-DType lse_dtype(DType dtype) { return dtype == DType::f16 || dtype == DType::bf16 ? DType::f32 : dtype; }
+DType lse_dtype(DType dtype) { return is_reduced_float(dtype) ? DType::f32 : dtype; }
 
 // The layout ops_attention.cpp guarantees, re-checked because the products index raw memory: qkv a contiguous
 // [B, T, 3 C] of f32/f64/f16/bf16 on a CUDA device with C a multiple of n_head, lse [B, H, T] contiguous in the
@@ -307,7 +307,7 @@ DType lse_dtype(DType dtype) { return dtype == DType::f16 || dtype == DType::bf1
 Geometry check_qkv(const char* op, const Tensor& qkv, int64_t n_head, const Tensor& lse) {
   EMBER_CHECK(qkv.device().is_cuda(), DeviceError, op, ": the CUDA kernel got ", qkv.description());
   const DType dt = qkv.dtype();
-  EMBER_CHECK(dt == DType::f32 || dt == DType::f64 || dt == DType::f16 || dt == DType::bf16, DTypeError, op,
+  EMBER_CHECK(is_floating(dt), DTypeError, op,
               ": expects f32, f64, f16 or bf16 qkv, got ", qkv.description());
   EMBER_CHECK(n_head > 0, ValueError, op, ": n_head must be positive, got ", n_head);
   EMBER_CHECK(qkv.dim() == 3 && qkv.size(2) > 0 && qkv.size(2) % (3 * n_head) == 0 && qkv.is_contiguous(), ShapeError,

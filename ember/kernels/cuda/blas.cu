@@ -369,7 +369,7 @@ bool lt_matmul(DType dtype, int32_t batch, int64_t M, int64_t N, int64_t K, cons
                cudaStream_t stream, const void* bias) {
   const cudaDataType_t type = cuda_data_type(dtype);
   const bool f64 = dtype == DType::f64;
-  const bool half = dtype == DType::f16 || dtype == DType::bf16;
+  const bool half = is_reduced_float(dtype);
   const int64_t item = itemsize(dtype);
 
   cublasLtMatmulDesc_t raw_desc = nullptr;
@@ -482,7 +482,7 @@ int64_t gemm_bias_fallbacks() { return g_bias_fallbacks.load(std::memory_order_r
 void gemm(DType dtype, int64_t batch, int64_t M, int64_t N, int64_t K, const MatrixRef& a, const MatrixRef& b,
           void* out, int64_t out_batch_stride, int64_t ldo, double alpha, double beta, int device, cudaStream_t stream,
           const void* bias) {
-  EMBER_CHECK(dtype == DType::f32 || dtype == DType::f64 || dtype == DType::f16 || dtype == DType::bf16, DTypeError,
+  EMBER_CHECK(is_floating(dtype), DTypeError,
               "gemm: expects f32, f64, f16 or bf16, got ", dtype_name(dtype));
   EMBER_CHECK(batch >= 0 && M >= 0 && N >= 0 && K >= 0, ShapeError, "gemm: negative size in batch ", batch,
               " (M, N, K) = (", M, ", ", N, ", ", K, ")");
@@ -505,7 +505,7 @@ void gemm(DType dtype, int64_t batch, int64_t M, int64_t N, int64_t K, const Mat
     if (beta != 1.0) scale_output(dtype, batch, M, N, out, out_batch_stride, ldo, beta, device, stream);
     return;
   }
-  if (bias == nullptr && gemm_strategy() == GemmStrategy::TensorCore && (dtype == DType::f16 || dtype == DType::bf16) &&
+  if (bias == nullptr && gemm_strategy() == GemmStrategy::TensorCore && is_reduced_float(dtype) &&
       alpha == 1.0 && beta == 0.0 && dense_row_major(a, batch, M, K) && dense_row_major(b, batch, K, N) && ldo == N &&
       (batch == 1 || out_batch_stride == M * N)) {
     tensor_core_gemm(dtype, batch, M, N, K, a.data, b.data, out, stream);

@@ -117,7 +117,7 @@ void conv2d_cuda(const Tensor& x, const Tensor& weight, const Tensor& bias, cons
   const Device device = out.device();
   EMBER_CHECK(device.is_cuda(), DeviceError, op, ": the CUDA kernel got ", out.description());
   const DType dt = x.dtype();
-  EMBER_CHECK(dt == DType::f32 || dt == DType::f64 || dt == DType::f16 || dt == DType::bf16, DTypeError, op,
+  EMBER_CHECK(is_floating(dt), DTypeError, op,
               ": expects a floating x, got ", x.description());
   check_on_device(op, x, device, "x");
   check_on_device(op, weight, device, "weight");
@@ -146,7 +146,7 @@ void conv2d_backward_cuda(const Tensor& grad_out, const Tensor& x, const Tensor&
   const Device device = grad_out.device();
   EMBER_CHECK(device.is_cuda(), DeviceError, op, ": the CUDA kernel got grad_out ", grad_out.description());
   const DType dt = grad_out.dtype();
-  EMBER_CHECK(dt == DType::f32 || dt == DType::f64 || dt == DType::f16 || dt == DType::bf16, DTypeError, op,
+  EMBER_CHECK(is_floating(dt), DTypeError, op,
               ": expects a floating grad_out, got ", grad_out.description());
   const ConvShape s = checked_shape(op, x.sizes(), weight.sizes(), grad_out.sizes(), p);
   if (grad_x.defined()) {

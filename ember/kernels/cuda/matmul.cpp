@@ -25,7 +25,7 @@ void bmm_cuda(const Tensor& a, const Tensor& b, const Tensor& out, bool accumula
   check_on_device(b, device);
   // The CPU kernel takes the floating dtypes (EMBER_DISPATCH_FLOAT), one for all three tensors.
   const DType dt = out.dtype();
-  EMBER_CHECK(dt == DType::f32 || dt == DType::f64 || dt == DType::f16 || dt == DType::bf16, DTypeError,
+  EMBER_CHECK(is_floating(dt), DTypeError,
               "bmm: expects a floating dtype, got ", out.description());
   EMBER_CHECK(a.dtype() == dt && b.dtype() == dt, DTypeError, "bmm: operands ", a.description(), " and ",
               b.description(), " must have the output's dtype (", out.description(), ")");
@@ -55,7 +55,7 @@ void linear_bias_cuda(const Tensor& x, const Tensor& weight, const Tensor& bias,
   check_on_device(weight, device);
   check_on_device(bias, device);
   const DType dt = out.dtype();
-  EMBER_CHECK(dt == DType::f32 || dt == DType::f64 || dt == DType::f16 || dt == DType::bf16, DTypeError,
+  EMBER_CHECK(is_floating(dt), DTypeError,
               "linear: expects a floating dtype, got ", out.description());
   EMBER_CHECK(x.dtype() == dt && weight.dtype() == dt && bias.dtype() == dt, DTypeError, "linear: ", x.description(),
               ", ", weight.description(), " and ", bias.description(), " must have the output's dtype (",

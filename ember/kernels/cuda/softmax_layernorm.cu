@@ -452,8 +452,6 @@ void softmax_cuda(const Tensor& in, const Tensor& out, int64_t dim, bool log) {
   EMBER_DISPATCH_FLOAT(in.dtype(), op, [&] { launch_softmax<scalar_t>(op, in, out, dim, log, stream); });
 }
 
-bool is_half_dtype(DType d) { return d == DType::f16 || d == DType::bf16; }
-
 void add_layer_norm_cuda(const Tensor& x, const Tensor& residual, const Tensor& weight, const Tensor& bias, double eps,
                          const Tensor& sum, const Tensor& out, const Tensor& mean, const Tensor& rstd) {
   const char* op = residual.defined() ? "add_layer_norm" : "layer_norm";
@@ -463,14 +461,15 @@ void add_layer_norm_cuda(const Tensor& x, const Tensor& residual, const Tensor& 
     if (t->defined()) check_on_device(op, *t, device);
   if (residual.defined())
     EMBER_CHECK(residual.sizes() == x.sizes() &&
-                    (residual.dtype() == x.dtype() || (x.dtype() == DType::f32 && is_half_dtype(residual.dtype()))) &&
+                    (residual.dtype() == x.dtype() ||
+                     (x.dtype() == DType::f32 && is_reduced_float(residual.dtype()))) &&
                     sum.defined() && sum.sizes() == x.sizes() && sum.dtype() == x.dtype() && sum.is_contiguous(),
                 ShapeError, op, ": residual ", residual.description(), " and sum ", sum.description(),
                 " must match x ", x.description(), " (sum contiguous)");
   EMBER_CHECK(x.dim() == 2, ShapeError, op, ": the CUDA kernel takes x as [rows, cols], got ", x.description());
   const int64_t rows = x.size(0), cols = x.size(1);
   const DType xt = x.dtype();
-  const bool mixed = (xt == DType::f16 || xt == DType::bf16) && out.dtype() == DType::f32;
+  const bool mixed = is_reduced_float(xt) && out.dtype() == DType::f32;
   EMBER_CHECK(out.dtype() == xt || mixed, DTypeError, op, ": output ", out.description(),
               " must have the input's dtype or, for an f16/bf16 input, f32 (input ", x.description(), ")");
   EMBER_CHECK(out.sizes() == x.sizes() && out.is_contiguous(), ShapeError, op, ": output ", out.description(),

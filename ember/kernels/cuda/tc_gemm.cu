@@ -377,7 +377,7 @@ void launch_tc_gemm(int64_t batch, int64_t M, int64_t N, int64_t K, const void* 
 
 void tensor_core_gemm(DType dtype, int64_t batch, int64_t M, int64_t N, int64_t K, const void* a, const void* b,
                       void* out, cudaStream_t stream) {
-  EMBER_CHECK(dtype == DType::f16 || dtype == DType::bf16, DTypeError, "tensor_core_gemm: dtype ", dtype_name(dtype),
+  EMBER_CHECK(is_reduced_float(dtype), DTypeError, "tensor_core_gemm: dtype ", dtype_name(dtype),
               " is not supported (f16 or bf16)");
   EMBER_CHECK(batch >= 0 && M >= 0 && N >= 0 && K >= 0, ShapeError, "tensor_core_gemm: negative size (batch ", batch,
               ", M ", M, ", N ", N, ", K ", K, ")");
