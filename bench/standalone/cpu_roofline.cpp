@@ -7,7 +7,7 @@
 //     that cache's rate, not to DRAM's. Near a cache's capacity the loops and a kernel with more operand streams
 //     may land on different sides of it: a share above 100% there means the kernel kept more in cache than the loop.
 // A kernel's floor is max(flops / peak, bytes / bandwidth), its flops counted as the textbook formula (GEMM 2mnk,
-// full T x T attention products as the kernel computes them) and its bytes the minimum it must move (each input read
+// attention's products over the blocks the kernel computes) and its bytes the minimum it must move (each input read
 // once, each output written once); "% of roof" is that floor over the measured time, and "bound" names the larger
 // term. A round times every kernel as the median of 5 repetitions (each of enough calls to last >= 20 ms, after 2
 // warm-up calls) and every ceiling as the best of its 5; over the rounds, each takes its best.
@@ -183,6 +183,29 @@ void add_adamw(std::vector<Case>& cases, const std::string& config, int64_t para
                    [=] { ops::adam_step_(p, g, m, v, ap); }, 4.0 * 4 * params});
 }
 
+// The fused causal attention over qkv [B, T, 3 C], forward and backward. Its products skip the masked blocks (Note
+// [Causal attention by row blocks] in ember/kernels/cpu/attention.cpp): query rows in blocks of r rows (r = T for
+// T <= 32, else the larger of 32 and T / 8, rounded up to a multiple of 8), block [i0, i1) multiplying over keys
+// j < i1 only, so the flops counted are sum over blocks of (i1 - i0) i1 for each [rows, keys] product.
+void add_attention(std::vector<Case>& cs, const std::string& config, int64_t B, int64_t T, int64_t C, int64_t H) {
+  const int64_t rows = T <= 32 ? T : (std::max<int64_t>(32, (T + 7) / 8) + 7) / 8 * 8;
+  double pairs = 0;  // (query, key) pairs the products cover
+  for (int64_t i0 = 0; i0 < T; i0 += rows) {
+    const int64_t i1 = std::min(T, i0 + rows);
+    pairs += double(i1 - i0) * double(i1);
+  }
+  Tensor qkv = randn({B, T, 3 * C}), go = randn({B, T, C});
+  AttentionResult r = ops::attention_qkv(qkv, H, true);
+  const double f = 4.0 * B * H * pairs * (C / H);  // q k^T and p v
+  const std::string shape = "qkv [" + std::to_string(B) + "," + std::to_string(T) + "," + std::to_string(3 * C) +
+                            "], " + std::to_string(H) + " heads";
+  cs.push_back({config, "attention forward (causal)", shape, f, nbytes({qkv, r.out, r.lse}),
+                [=] { sink = ops::attention_qkv(qkv, H, true).out; }});
+  // Backward recomputes the scores (1 product) and forms dv, dp, dq, dk (4 products).
+  cs.push_back({config, "attention backward", shape, 2.5 * f, nbytes({go, qkv, r.lse, qkv}),
+                [=] { sink = ops::attention_qkv_backward(go, qkv, r.lse, H, true); }});
+}
+
 std::vector<Case> make_cases() {
   std::vector<Case> cs;
   // gpt: nanoGPT's char config, batch 12 x block 64 = 768 rows, width 128, 4 heads, vocab 65.
@@ -190,16 +213,8 @@ std::vector<Case> make_cases() {
   add_linear(cs, "gpt", M, C, 3 * C);
   add_linear(cs, "gpt", M, C, 4 * C);
   add_linear(cs, "gpt", M, 4 * C, C);
-  {
-    Tensor qkv = randn({B, T, 3 * C}), go = randn({B, T, C});
-    AttentionResult r = ops::attention_qkv(qkv, H, true);
-    const double f = 4.0 * B * H * T * T * (C / H);  // q k^T and p v over the full T x T
-    cs.push_back({"gpt", "attention forward (causal)", "qkv [12,64,384], 4 heads", f, nbytes({qkv, r.out, r.lse}),
-                  [=] { sink = ops::attention_qkv(qkv, H, true).out; }});
-    // Backward recomputes the scores (1 product) and forms dv, dp, dq, dk (4 products).
-    cs.push_back({"gpt", "attention backward", "qkv [12,64,384], 4 heads", 2.5 * f, nbytes({go, qkv, r.lse, qkv}),
-                  [=] { sink = ops::attention_qkv_backward(go, qkv, r.lse, H, true); }});
-  }
+  add_attention(cs, "gpt", B, T, C, H);
+  add_attention(cs, "gpt, T 256", 3, 256, C, H);  // a longer context: eight causal row blocks
   {
     Tensor x = randn({M, 4 * C}), b = randn({4 * C}), g = randn({M, 4 * C});
     cs.push_back({"gpt", "bias + GELU forward", "768x512", 0, nbytes({x, b, x}), [=] { sink = ops::bias_gelu(x, b); }});

@@ -62,10 +62,19 @@ struct Case {
   int64_t B, T, C, H;
   bool causal;
 };
-const std::vector<Case> kCases = {{2, 7, 12, 3, true}, {1, 5, 8, 1, false}, {3, 13, 16, 4, true}, {1, 1, 6, 2, true}};
+// T = 40 and 70 run in causal row blocks of 32 (32 + 8, 32 + 32 + 6; Note [Causal attention by row blocks]).
+const std::vector<Case> kCases = {{2, 7, 12, 3, true}, {1, 5, 8, 1, false}, {3, 13, 16, 4, true}, {1, 1, 6, 2, true},
+                                  {2, 40, 4, 1, true}, {1, 70, 8, 2, true},  {1, 40, 8, 2, false}};
+// Too long for finite differences: eight blocks of 40 rows, the last of 20.
+const std::vector<Case> kLongCases = {{1, 300, 8, 2, true}};
+std::vector<Case> all_cases() {
+  std::vector<Case> out = kCases;
+  out.insert(out.end(), kLongCases.begin(), kLongCases.end());
+  return out;
+}
 
 TEST(FusedAttention, ForwardMatchesNaiveLoops) {
-  for (const Case& k : kCases) {
+  for (const Case& k : all_cases()) {
     SCOPED_TRACE(::testing::Message() << "B " << k.B << " T " << k.T << " C " << k.C << " H " << k.H << " causal "
                                       << k.causal);
     OpCase c{"attention_qkv", {rand_input({k.B, k.T, 3 * k.C}, -2.0, 2.0)}, [k](const Inputs& in) {
@@ -114,7 +123,7 @@ TEST(FusedAttention, GradientMatchesFiniteDifferences) {
 
 // f32: the fused forward and gradient equal the composed ops' within rounding.
 TEST(FusedAttention, MatchesTheComposedPathInF32) {
-  for (const Case& k : kCases) {
+  for (const Case& k : all_cases()) {
     SCOPED_TRACE(::testing::Message() << "B " << k.B << " T " << k.T << " C " << k.C << " H " << k.H);
     const Tensor x = rand_input({k.B, k.T, 3 * k.C}, -2.0, 2.0).to(DType::f32);
     const Tensor w = rand_input({k.B, k.T, k.C}).to(DType::f32);
@@ -157,8 +166,8 @@ TEST(FusedAttention, SixteenBitRunsInF32AndRoundsOnce) {
 }
 
 TEST(FusedAttention, ResultsDoNotDependOnTheThreadCount) {
-  const Tensor qkv = rand_input({3, 11, 3 * 16}).to(DType::f32);
-  const Tensor g = rand_input({3, 11, 16}).to(DType::f32);
+  const Tensor qkv = rand_input({3, 45, 3 * 16}).to(DType::f32);  // two causal row blocks
+  const Tensor g = rand_input({3, 45, 16}).to(DType::f32);
   std::vector<float> first_out, first_grad;
   for (int threads : {1, 2, 3}) {
     ScopedNumThreads tc(threads);

@@ -166,15 +166,21 @@ TEST(MetaWorkspace, FusedAttentionOverThreads) {
   for (int threads : {1, 2, 3}) {
     ScopedNumThreads tc(threads);
     SCOPED_TRACE(threads);
-    for (DType dt : {DType::f32, DType::f64, DType::f16, DType::bf16}) {
-      SCOPED_TRACE(dtype_name(dt));
-      const DType lse_dt = is_reduced_float(dt) ? DType::f32 : dt;
-      expect_same_peak("forward", [=](Device d) { return std::vector<Tensor>{input({3, 9, 3 * 16}, dt, d)}; },
-                       [](const std::vector<Tensor>& in) { return ops::attention_qkv(in[0], 4, true).out; });
-      expect_same_peak("backward", [=](Device d) {
-        return std::vector<Tensor>{input({3, 9, 16}, dt, d), input({3, 9, 3 * 16}, dt, d),
-                                   input({3, 4, 9}, lse_dt, d)};  // lse
-      }, [](const std::vector<Tensor>& in) { return ops::attention_qkv_backward(in[0], in[1], in[2], 4, true); });
+    for (int64_t T : {9, 70}) {  // one causal row block, three (Note [Causal attention by row blocks])
+      for (bool causal : {true, false}) {
+        for (DType dt : {DType::f32, DType::f64, DType::f16, DType::bf16}) {
+          SCOPED_TRACE(::testing::Message() << dtype_name(dt) << " T " << T << " causal " << causal);
+          const DType lse_dt = is_reduced_float(dt) ? DType::f32 : dt;
+          expect_same_peak("forward", [=](Device d) { return std::vector<Tensor>{input({3, T, 3 * 16}, dt, d)}; },
+                           [=](const std::vector<Tensor>& in) { return ops::attention_qkv(in[0], 4, causal).out; });
+          expect_same_peak("backward", [=](Device d) {
+            return std::vector<Tensor>{input({3, T, 16}, dt, d), input({3, T, 3 * 16}, dt, d),
+                                       input({3, 4, T}, lse_dt, d)};  // lse
+          }, [=](const std::vector<Tensor>& in) {
+            return ops::attention_qkv_backward(in[0], in[1], in[2], 4, causal);
+          });
+        }
+      }
     }
   }
 }
