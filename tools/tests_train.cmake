@@ -237,11 +237,12 @@ ember_train_test(train_grad_accum run "train --model mlp --steps 2 --batch-size 
 ember_train_test(train_amp_bf16 run "train --model gpt --steps 2 --amp bf16 --json"
   EXPECT "model=gpt amp=bf16 steps=2 ${_common_json}")
 # --batch-size auto on a simulated 64 MiB device: the search's table and the chosen batch with its reason.
+# Three steps: the batch found trains past the second step (Note [Batch headroom] in ember/train/batch_finder.h).
 ember_train_test(train_auto_batch run
-  "train --model mnist-cnn --synthetic --steps 1 --batch-size auto --max-memory 64MiB --max-test 16 --workers 0 --json"
-  EXPECT "batch_search=bool steps=1 batch_size=number"
-  MATCH "batch-size search \\(budget 64.00 MiB\\).*batch size [0-9]+ \\(auto\\): micro-batches of [0-9]+ rows, \
-the largest whose training step fits 64.00 MiB")
+  "train --model mnist-cnn --synthetic --steps 3 --batch-size auto --max-memory 64MiB --max-test 16 --workers 0 --json"
+  EXPECT "batch_search=bool steps=3 batch_size=number"
+  MATCH "batch-size search \\(budget 64.00 MiB, trials within 60.80 MiB\\).*batch size [0-9]+ \\(auto\\): \
+micro-batches of [0-9]+ rows, the largest whose training step fits 60.80 MiB \\(64.00 MiB less 5% headroom\\)")
 # Progress lines (plain, not a terminal) and the memory report.
 ember_train_test(train_progress run "train --model mlp --steps 4 --log-interval 2 --batch-size 16"
   MATCH "step 2/4  loss [0-9.]+  [0-9.]+ samples/s  allocated .*step 4/4 .*done: step 4.*allocator: allocated")

@@ -108,6 +108,10 @@ void add_train_command(CLI::App& app) {
   cmd->add_option("--device", a->device, "cpu | cuda | cuda:N")->capture_default_str();
   cmd->add_option("--batch-size", a->batch, "samples per optimizer step, or auto (the largest that fits the memory)");
   cmd->add_option("--max-batch", o.max_batch, "auto: the largest batch tried")->capture_default_str();
+  cmd->add_option("--batch-headroom", o.batch_headroom,
+                  "auto: the fraction of the memory limit the trials leave unused, for what they do not reproduce "
+                  "(data loading, evaluation)")
+      ->capture_default_str();
   cmd->add_option("--grad-accum", o.grad_accum, "micro-batches per step (must divide the batch)")
       ->capture_default_str();
   cmd->add_option("--amp", o.amp, "none | fp16 | bf16 | autocast-fp16 | autocast-bf16")->capture_default_str();

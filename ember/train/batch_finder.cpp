@@ -233,11 +233,20 @@ BatchFinderResult find_batch_size(const std::function<void(int64_t)>& trial, con
   EMBER_CHECK(o.budget >= 0 && o.effective_batch >= 0 && o.start_batch >= 0, ValueError, who,
               ": budget, effective_batch and start_batch must be >= 0");
 
+  EMBER_CHECK(o.headroom >= 0.0 && o.headroom <= 0.5, ValueError, who, ": headroom must be in [0, 0.5], got ",
+              o.headroom);
+
   memory::Allocator& alloc = allocator_for(o.device);
   auto* caching = dynamic_cast<memory::CachingAllocator*>(&alloc);
-  const CapacityCap cap(caching, o.budget);
   BatchFinderResult r;
-  r.budget = caching ? caching->allowed_memory() : (o.budget > 0 ? o.budget : memory::kNoLimit);
+  {
+    const CapacityCap probe(caching, o.budget);
+    r.budget = caching ? caching->allowed_memory() : (o.budget > 0 ? o.budget : memory::kNoLimit);
+  }
+  r.trial_budget = r.budget == memory::kNoLimit
+                       ? r.budget
+                       : static_cast<int64_t>(static_cast<double>(r.budget) * (1.0 - o.headroom));
+  const CapacityCap cap(caching, r.trial_budget == memory::kNoLimit ? o.budget : r.trial_budget);
 
   std::map<int64_t, int64_t> estimates;
   auto estimate = [&](int64_t b) {
@@ -265,7 +274,7 @@ BatchFinderResult find_batch_size(const std::function<void(int64_t)>& trial, con
     t.peak_reserved = s.peak_reserved_bytes;
     // A step that ran but reserved more than the budget did not fit it: the cap stops growth, but memory reserved
     // before the finder started (above a budget below it) stays; and an allocator the cap cannot reach.
-    if (t.ok && t.peak_reserved > r.budget) t.ok = false;
+    if (t.ok && t.peak_reserved > r.trial_budget) t.ok = false;
     o.restore();
     r.trials.push_back(t);
     return t.ok;
@@ -275,10 +284,10 @@ BatchFinderResult find_batch_size(const std::function<void(int64_t)>& trial, con
   int64_t first = o.start_batch > 0 ? std::clamp(o.start_batch, o.min_batch, o.max_batch) : o.min_batch;
   if (use_estimate) {
     int64_t l = o.min_batch, h = o.max_batch;
-    if (estimate(l) <= r.budget) {
+    if (estimate(l) <= r.trial_budget) {
       while (l < h) {
         const int64_t mid = l + (h - l + 1) / 2;
-        if (estimate(mid) <= r.budget) l = mid;
+        if (estimate(mid) <= r.trial_budget) l = mid;
         else h = mid - 1;
       }
       r.estimated_batch = l;
@@ -329,6 +338,7 @@ std::string BatchFinderResult::to_string() const {
   std::ostringstream os;
   os << "batch-size search (budget " << (budget == memory::kNoLimit ? std::string("unknown")
                                                                      : memory::format_bytes(budget))
+     << (trial_budget < budget ? ", trials within " + memory::format_bytes(trial_budget) : std::string())
      << (estimated_batch > 0 ? ", estimator's pick " + std::to_string(estimated_batch) : std::string()) << ")\n";
   os << std::setw(8) << "batch" << std::setw(8) << "result" << std::setw(16) << "peak allocated" << std::setw(16)
      << "peak reserved" << std::setw(16) << "estimate" << "\n";

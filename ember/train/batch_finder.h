@@ -70,6 +70,15 @@ class TrainingSnapshot {
   PhiloxState generator_;
 };
 
+// Note [Batch headroom]
+// A trial reproduces a training step's allocations but not the history around the real steps: a data loader's
+// per-sample tensors and prefetched batches allocated between and during steps, evaluation batches, many steps' worth
+// of cache splits. At the edge of the budget that history alone can turn a fitting step into an OOM by fragmentation
+// (the live bytes fit, no free block is large enough): ember train's MNIST CNN under --max-memory 256MiB picked 350
+// rows whose two trial steps fit and whose second real step failed, allocated bytes equal to the trial's peak. So the
+// trials can run under budget x (1 - headroom) and the batch they find leaves that much room for what they do not
+// reproduce; `ember train --batch-size auto` leaves 5% by default (--batch-headroom).
+
 struct BatchTrial {
   int64_t batch = 0;
   bool ok = false;                // the step ran; false: it threw OutOfMemoryError
@@ -98,12 +107,16 @@ struct BatchFinderOptions {
   std::function<void()> restore;
   // The batch wanted per optimizer step (0: the found batch); the result says how to reach it by accumulation.
   int64_t effective_batch = 0;
+  // The fraction of the budget the trials leave unused (Note [Batch headroom]): they run under a capacity of
+  // budget x (1 - headroom), and the estimator's predictions are compared with that. In [0, 0.5].
+  double headroom = 0.0;
 };
 
 struct BatchFinderResult {
   int64_t batch = 0;            // the largest batch that fit (0: not even min_batch fit)
   int64_t estimated_batch = 0;  // the estimator's pick (0 without an estimator)
   int64_t budget = 0;           // the budget used (bytes; kNoLimit when unknown)
+  int64_t trial_budget = 0;     // what the trials could use: budget less the headroom
   std::vector<BatchTrial> trials;  // in the order they ran
   // The requested effective batch E reached with micro-batches of at most `batch` rows: accumulation = ceil(E / batch)
   // micro-batches of micro_batch = ceil(E / accumulation) rows (the last one smaller when they do not divide).

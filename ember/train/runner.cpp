@@ -50,6 +50,13 @@ std::string lr_text(double lr) {
   return buf;
 }
 
+// A fraction as a percentage: 0.05 -> "5%".
+std::string headroom_text(double f) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%g%%", 100.0 * f);
+  return buf;
+}
+
 void check_parent_dir(const std::string& path, const char* flag) {
   if (path.empty()) return;
   const std::filesystem::path parent = std::filesystem::path(path).parent_path();
@@ -176,6 +183,8 @@ void TrainRunner::Impl::validate() {
   EMBER_CHECK(o.auto_batch || o.batch_size == 0 || o.batch_size % o.grad_accum == 0, ValueError, "--grad-accum ",
               o.grad_accum, " does not divide --batch-size ", o.batch_size);
   EMBER_CHECK(o.max_batch >= 1, ValueError, "the batch search's largest batch must be >= 1, got ", o.max_batch);
+  EMBER_CHECK(o.batch_headroom >= 0.0 && o.batch_headroom <= 0.5, ValueError,
+              "--batch-headroom must be a fraction in [0, 0.5], got ", o.batch_headroom);
   EMBER_CHECK(o.max_memory >= 0, ValueError, "--max-memory must be >= 0 bytes, got ", o.max_memory);
   EMBER_CHECK(o.steps >= 0, ValueError, "--steps must be >= 1, got ", o.steps);
   EMBER_CHECK(o.epochs >= 0, ValueError, "--epochs must be >= 1, got ", o.epochs);
@@ -298,24 +307,27 @@ void TrainRunner::Impl::install_plan(int64_t rows) {
 
 // Note [Two steps per trial]
 // --batch-size auto: the largest micro-batch whose real steps (forward, backward, optimizer step) fit the memory limit,
-// by find_batch_size with the training state snapshotted and restored around every trial. A trial runs two steps on
-// one random batch: the first creates the optimizer state from an emptied cache, the second runs as every later
-// training step does — on the cache the first left behind, whose split blocks can make it need more than the first
-// (a batch whose first step fits can run out of memory in its second).
+// by find_batch_size with the training state snapshotted and restored around every trial. A trial runs two steps,
+// each on a batch of its own drawn just before it (as the step loop draws one per step): the first creates the
+// optimizer state from an emptied cache, the second runs as every later training step does — on the cache the first
+// left behind, whose split blocks can make it need more than the first (a batch whose first step fits can run out of
+// memory in its second). The trials leave --batch-headroom of the limit unused (Note [Batch headroom] in
+// batch_finder.h).
 void TrainRunner::Impl::search_batch() {
   TrainingSnapshot snapshot(*model, *trainer);
   AccumulationOptions one;
   one.max_grad_norm = task->max_grad_norm();
   GradAccumulator single(*model, *trainer, one);
   auto trial = [&](int64_t rows) {
-    Batch b;
-    {
-      memory::PhaseScope phase(memory::Phase::Data);
-      b = task->random_batch(rows, o.device);
-    }
     const LossFn fn = [this](const Batch& mb) { return loss(mb); };
-    single.step(b, fn);
-    single.step(b, fn);  // Note [Two steps per trial]
+    for (int k = 0; k < 2; ++k) {  // Note [Two steps per trial]
+      Batch b;
+      {
+        memory::PhaseScope phase(memory::Phase::Data);
+        b = task->random_batch(rows, o.device);
+      }
+      single.step(b, fn);
+    }
   };
   BatchFinderOptions fo;
   fo.device = o.device;
@@ -323,6 +335,7 @@ void TrainRunner::Impl::search_batch() {
   fo.max_batch = o.max_batch;
   fo.start_batch = std::min(task->default_batch(), o.max_batch);
   fo.restore = [&] { snapshot.restore(); };
+  fo.headroom = o.batch_headroom;
   if (o.model == "mlp" || o.model == "cnn" || o.model == "gpt") {
     // The standard tasks have a meta-device estimator (train/estimate.h); the bytes held besides the model and its
     // optimizer state (the task's fixed batch) are added.
@@ -358,7 +371,9 @@ void TrainRunner::Impl::search_batch() {
   micro = r.batch;
   batch = micro * o.grad_accum;
   std::string why = "batch size " + std::to_string(batch) + " (auto): micro-batches of " + std::to_string(micro) +
-                    " rows, the largest whose training step fits " + memory::format_bytes(r.budget);
+                    " rows, the largest whose training step fits " + memory::format_bytes(r.trial_budget);
+  if (r.trial_budget < r.budget)
+    why += " (" + memory::format_bytes(r.budget) + " less " + headroom_text(o.batch_headroom) + " headroom)";
   if (micro < o.max_batch) why += " (" + std::to_string(micro + 1) + " rows ran out of memory)";
   else why += " (the search's upper end)";
   if (o.grad_accum > 1) why += ", " + std::to_string(o.grad_accum) + " per step";

@@ -31,6 +31,7 @@ struct RunnerOptions {
   int64_t batch_size = 0;         // samples per optimizer step; 0: the model's default (64, 12, 256, 64, 12)
   bool auto_batch = false;        // find_batch_size: the largest micro-batch whose step fits the memory limit
   int64_t max_batch = 4096;       // the search's upper end
+  double batch_headroom = 0.05;   // the fraction of the limit the search's trials leave unused (batch_finder.h)
   // Bytes: on the CPU the allocator becomes a simulated device of this capacity (before anything is allocated — its
   // data sets count too); on CUDA the allocator's capacity setting. 0: no cap (the device's memory).
   int64_t max_memory = 0;

@@ -5,6 +5,7 @@
 // the device's capacity; snapshots of a mixed-precision optimizer and of a GradScaler restore every byte.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstring>
 #include <limits>
 
@@ -260,6 +261,33 @@ TEST_F(BatchFinder, ABudgetBelowTheDeviceCapsTheTrials) {
   EXPECT_FALSE(none.trials[0].ok);
   o.restore = nullptr;
   EXPECT_THROW(train::find_batch_size([&](int64_t b) { s.step(b); }, o), ValueError);
+}
+
+// Note [Batch headroom]: with a headroom the trials run under budget x (1 - headroom), and the batch found is the one
+// a budget of that size finds; the budget reported stays the whole one and the device's capacity comes back.
+TEST_F(BatchFinder, AHeadroomLeavesThatShareOfTheBudgetUnused) {
+  use_device(64 * kMiB);
+  MlpSetup s;
+  train::BatchFinderOptions o;
+  o.restore = [&] { s.snapshot->restore(); };
+  o.budget = 8 * kMiB;
+  o.headroom = 0.25;
+  const train::BatchFinderResult r = train::find_batch_size([&](int64_t b) { s.step(b); }, o);
+  EXPECT_EQ(r.budget, 8 * kMiB);
+  EXPECT_EQ(r.trial_budget, 6 * kMiB);
+  EXPECT_NE(r.to_string().find("trials within 6.00 MiB"), std::string::npos) << r.to_string();
+  EXPECT_EQ(memory::cpu_allocator().allowed_memory(), 64 * kMiB);
+  for (const train::BatchTrial& t : r.trials)
+    if (t.ok) EXPECT_LE(t.peak_reserved, 6 * kMiB);
+  o.budget = 6 * kMiB;
+  o.headroom = 0.0;
+  const train::BatchFinderResult same = train::find_batch_size([&](int64_t b) { s.step(b); }, o);
+  EXPECT_EQ(same.trial_budget, same.budget);
+  EXPECT_EQ(r.batch, same.batch);
+  for (double bad : {-0.1, 0.6, std::nan("")}) {
+    o.headroom = bad;
+    EXPECT_THROW(train::find_batch_size([&](int64_t b) { s.step(b); }, o), ValueError) << bad;
+  }
 }
 
 TEST_F(BatchFinder, SnapshotsRestoreMixedPrecisionAndScalerStateExactly) {
