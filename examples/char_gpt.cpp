@@ -74,7 +74,11 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(int64_t{0}, int64_t{100000}));
   bool generated = false;
   app.add_flag("--generated", generated, "train on a generated text even when the real data is there");
-  CLI11_PARSE(app, argc, argv);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e) == 0 ? 0 : 2;  // --help: 0; a usage error or a rejected value: 2, with the parser's message
+  }
   std::setvbuf(stdout, nullptr, _IOLBF, 0);  // progress lines appear as they happen, also when piped
 
   try {

@@ -83,15 +83,21 @@ int main(int argc, char** argv) {
   app.add_option("--amp", amp, "mixed precision: none | fp16 | bf16 | autocast-fp16 | autocast-bf16")
       ->check(CLI::IsMember({"none", "fp32", "fp16", "bf16", "autocast-fp16", "autocast-bf16"}));
   app.add_option("--device", device_name, "cpu | cuda | cuda:N");
-  app.add_option("--max-batches", max_batches, "stop each epoch after N batches (a quick run)");
-  app.add_option("--max-test", max_test, "evaluate on the first N test images only");
+  app.add_option("--max-batches", max_batches, "stop each epoch after N batches (a quick run)")
+      ->check(CLI::Range(int64_t{1}, std::numeric_limits<int64_t>::max()));
+  app.add_option("--max-test", max_test, "evaluate on the first N test images only")
+      ->check(CLI::Range(int64_t{1}, std::numeric_limits<int64_t>::max()));
   app.add_option("--seed", seed);
   app.add_option("--workers", workers, "data-loader threads (0: load in the training thread)")
       ->check(CLI::Range(int64_t{0}, int64_t{64}));
   app.add_option("--save", save_path, "write the trained weights (f32 safetensors) to this file");
   bool generated = false;
   app.add_flag("--generated", generated, "train on generated digits even when the real data is there");
-  CLI11_PARSE(app, argc, argv);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e) == 0 ? 0 : 2;  // --help: 0; a usage error or a rejected value: 2, with the parser's message
+  }
   std::setvbuf(stdout, nullptr, _IOLBF, 0);  // progress lines appear as they happen, also when piped
 
   try {

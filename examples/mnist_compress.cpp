@@ -117,7 +117,11 @@ int main(int argc, char** argv) {
   app.add_option("--json", json_path, "write the rows as JSON to this file");
   bool generated = false;
   app.add_flag("--generated", generated, "use generated digits even when the real data is there");
-  CLI11_PARSE(app, argc, argv);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e) == 0 ? 0 : 2;  // --help: 0; a usage error or a rejected value: 2, with the parser's message
+  }
   std::setvbuf(stdout, nullptr, _IOLBF, 0);
 
   try {

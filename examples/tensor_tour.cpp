@@ -131,6 +131,11 @@ int main(int argc, char** argv) {
     }
   }
   const int gpus = memory::cuda::device_count();
+  for (const Device& d : devices)
+    if (d.is_cuda() && d.index >= gpus) {  // before the tour, not after the CPU part of it
+      std::fprintf(stderr, "tensor_tour: %s is not available (%d CUDA device(s) visible)\n", d.str().c_str(), gpus);
+      return 1;
+    }
   if (devices.empty()) {
     devices.push_back(Device::cpu());
     for (int d = 0; d < gpus; ++d) devices.push_back(Device::cuda(d));

@@ -304,6 +304,17 @@ ember_train_test(train_resume_other_vocabulary resume
 # Bad input: exit status 1 (or 2 for CLI11's usage errors) and one line "ember: ..." on stderr, never a crash.
 ember_train_test(train_rejects_unknown_model error "train --model x" MATCH "unknown model 'x'")
 ember_train_test(train_rejects_zero_batch error "train --model mlp --batch-size 0" MATCH "--batch-size")
+# A value that means "the default" in the library is rejected when given; a flag of another model; an output path
+# that is a directory (before training); integers outside their 64-bit type (CLI11 saturates them); a negative seed.
+ember_train_test(train_rejects_zero_steps error "train --model mlp --steps 0" MATCH "--steps must be >= 1, got 0")
+ember_train_test(train_rejects_zero_max_test error "train --model mnist-cnn --max-test 0" MATCH "--max-test")
+ember_train_test(train_rejects_directory_output error "train --model mlp --steps 1 --save ." MATCH "is a directory")
+ember_train_test(train_rejects_flag_of_another_model error "train --model mlp --workers 2" MATCH "applies to mnist-cnn")
+ember_train_test(train_rejects_out_of_range_integer error "train --model mlp --steps 99999999999999999999"
+  MATCH "--steps: 99999999999999999999 is out of range")
+ember_train_test(train_rejects_negative_seed error "train --model mlp --seed -5" MATCH "--seed: '-5' is not a whole")
+ember_train_test(ember_rejects_unknown_command error "trian --model mlp" MATCH "unknown command 'trian'")
+ember_train_test(bench_rejects_meta_device error "bench train --model mlp --device meta" MATCH "cpu or cuda")
 ember_train_test(train_rejects_bad_size error "train --model mlp --max-memory lots" MATCH "--max-memory")
 ember_train_test(train_rejects_unknown_amp error "train --model mlp --amp fp8" MATCH "fp8")
 ember_train_test(train_rejects_missing_resume error "train --model mlp --resume missing.safetensors"

@@ -1,6 +1,7 @@
 // `ember train`: trains one of the runner's models (ember/train/runner.h) from the command line — flags in, progress
 // lines and a memory report out, or one JSON object as the last stdout line with --json (docs/cli.md).
-// Invariant: this file only maps flags to RunnerOptions and prints; every check and all training live in the library.
+// Invariant: this file only maps flags to RunnerOptions and prints; all training and every check of a value lives in
+// the library, except which flags were given (check_given_flags).
 #include <unistd.h>
 
 #include <cstdio>
@@ -46,11 +47,36 @@ void parse_batch(const std::string& text, train::RunnerOptions& o) {
   o.batch_size = v;
 }
 
+// Flags whose library default is a value the flag itself cannot mean (0: "the model's default", "about 20 lines",
+// "no cap"; the loader and evaluation settings of the other models): given on the command line, each is checked
+// here, since RunnerOptions cannot tell a default from a given value.
+void check_given_flags(const CLI::App& cmd, const TrainArgs& a) {
+  const train::RunnerOptions& o = a.o;
+  auto given = [&](const char* flag) { return cmd.count(flag) > 0; };
+  const std::pair<const char*, int64_t> positive[] = {
+      {"--steps", o.steps},         {"--epochs", o.epochs}, {"--log-interval", o.log_interval},
+      {"--n-layer", o.n_layer},     {"--n-head", o.n_head}, {"--n-embd", o.n_embd},
+      {"--block-size", o.block_size}};
+  for (const auto& [flag, value] : positive)
+    EMBER_CHECK(!given(flag) || value >= 1, ValueError, flag, " must be >= 1, got ", value);
+  EMBER_CHECK(!given("--lr") || o.lr > 0.0, ValueError, "--lr must be a positive number, got ", o.lr);
+  EMBER_CHECK(!given("--max-memory") || o.max_memory > 0, ValueError, "--max-memory must be above 0 bytes, got '",
+              a.max_memory, "'");
+  const bool mnist = o.model == "mnist-cnn", gpt = o.model == "char-gpt";
+  for (const char* flag : {"--workers", "--max-test"})
+    EMBER_CHECK(!given(flag) || mnist, ValueError, flag, " applies to mnist-cnn, not ", o.model);
+  for (const char* flag : {"--eval-interval", "--eval-iters"})
+    EMBER_CHECK(!given(flag) || gpt, ValueError, flag, " applies to char-gpt, not ", o.model);
+  for (const char* flag : {"--data", "--synthetic"})
+    EMBER_CHECK(!given(flag) || mnist || gpt, ValueError, flag, " applies to mnist-cnn and char-gpt; ", o.model,
+                " trains on one random batch");
+  for (const char* flag : {"--max-batch", "--batch-headroom"})
+    EMBER_CHECK(!given(flag) || o.auto_batch, ValueError, flag, " applies to --batch-size auto");
+}
+
 void run_train(TrainArgs& a, bool seed_given) {
   train::RunnerOptions& o = a.o;
   o.device = Device(a.device);
-  parse_batch(a.batch, o);
-  if (!a.max_memory.empty()) o.max_memory = memory::parse_bytes(a.max_memory, "--max-memory");
   if (seed_given) o.seed = a.seed;
   // Human-readable lines go to stdout, or to stderr with --json so that stdout's last line is the JSON object.
   std::FILE* human = a.json ? stderr : stdout;
@@ -148,6 +174,9 @@ void add_train_command(CLI::App& app) {
   cmd->add_flag("--quiet", a->quiet, "no progress lines");
   cmd->callback([a, cmd] {
     try {
+      parse_batch(a->batch, a->o);
+      if (!a->max_memory.empty()) a->o.max_memory = memory::parse_bytes(a->max_memory, "--max-memory");
+      check_given_flags(*cmd, *a);
       run_train(*a, cmd->count("--seed") > 0);
     } catch (const Error&) {
       throw;

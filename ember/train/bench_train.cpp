@@ -113,6 +113,8 @@ BenchTrainResult bench_train(const BenchTrainOptions& o) {
   EMBER_CHECK(o.steps > 0 && o.warmup >= 0 && o.steps <= std::numeric_limits<int64_t>::max() - o.warmup, ValueError,
               "bench train: steps must be > 0, warmup >= 0 and their sum representable (got steps ", o.steps,
               ", warmup ", o.warmup, ")");
+  EMBER_CHECK(o.device.is_cpu() || o.device.is_cuda(), ValueError, "bench train: --device ", o.device.str(),
+              ": training runs on cpu or cuda[:N] (ember estimate dry-runs a step on meta)");
   TrainingOptions to;
   to.model = o.model;
   to.device = o.device;

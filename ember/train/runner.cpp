@@ -57,11 +57,14 @@ std::string headroom_text(double f) {
   return buf;
 }
 
-void check_parent_dir(const std::string& path, const char* flag) {
+// An output file's path, checked before training so a run does not end in an error it could have given at the start.
+void check_output_path(const std::string& path, const char* flag) {
   if (path.empty()) return;
   const std::filesystem::path parent = std::filesystem::path(path).parent_path();
   EMBER_CHECK(parent.empty() || std::filesystem::is_directory(parent), ValueError, flag, " ", path, ": directory ",
               parent.string(), " does not exist");
+  EMBER_CHECK(!std::filesystem::is_directory(path), ValueError, flag, " ", path,
+              " is a directory; give a file name");
 }
 
 // The tensors' shapes from a safetensors file's header (8 bytes of little-endian length, then a JSON object), without
@@ -193,7 +196,7 @@ void TrainRunner::Impl::validate() {
               o.model, " counts --steps");
   EMBER_CHECK(std::isfinite(o.lr) && o.lr >= 0.0, ValueError, "--lr must be a positive number, got ", o.lr);
   EMBER_CHECK(o.workers >= 0 && o.workers <= 64, ValueError, "--workers must be in [0, 64], got ", o.workers);
-  EMBER_CHECK(o.max_test >= -1, ValueError, "--max-test must be >= 0, got ", o.max_test);
+  EMBER_CHECK(o.max_test == -1 || o.max_test >= 1, ValueError, "--max-test must be >= 1 (-1: all), got ", o.max_test);
   EMBER_CHECK(o.trace_steps >= 1, ValueError, "--trace-steps must be >= 1, got ", o.trace_steps);
   EMBER_CHECK(o.log_interval >= 0, ValueError, "--log-interval must be >= 1, got ", o.log_interval);
   EMBER_CHECK(o.eval_interval >= 0 && o.eval_iters >= 1, ValueError,
@@ -216,9 +219,9 @@ void TrainRunner::Impl::validate() {
                 " (NCCL) is not wired into ember train yet");
     EMBER_CHECK(!o.auto_batch, ValueError, "--ddp takes a fixed --batch-size (the global batch), not auto");
   }
-  check_parent_dir(o.save_path, "--save");
-  check_parent_dir(o.trace_path, "--trace");
-  check_parent_dir(o.html_path, "--html");
+  check_output_path(o.save_path, "--save");
+  check_output_path(o.trace_path, "--trace");
+  check_output_path(o.html_path, "--html");
   if (!o.resume_path.empty()) {
     EMBER_CHECK(std::filesystem::is_regular_file(o.resume_path), ValueError, "--resume ", o.resume_path,
                 ": no such file");

@@ -65,6 +65,8 @@ std::string compiler_text() {
 
 }  // namespace
 
+std::string ember_version() { return EMBER_VERSION; }
+
 SystemInfo system_info() {
   SystemInfo s;
   s.build.version = EMBER_VERSION;

@@ -58,6 +58,7 @@ struct SystemInfo {
 };
 
 SystemInfo system_info();
+std::string ember_version();  // the project's version (project(ember VERSION ...)), without querying anything
 
 namespace detail {
 // CUDA library versions as the libraries encode them (0 without CUDA / cuDNN / a driver); cuda_system_info.cpp.
