@@ -74,8 +74,12 @@ void add_bench_command(CLI::App& app) {
   auto args = std::make_shared<BenchTrainArgs>();
   CLI::App* train = bench->add_subcommand("train", "time AdamW training steps of a standard config");
   train->add_option("--model", args->model, "mlp | cnn | gpt | gpt2 (GPT-2 124M)")->check(CLI::IsMember({"mlp", "cnn", "gpt", "gpt2"}));
-  train->add_option("--steps", args->steps, "timed steps")->check(CLI::Range(int64_t{1}, std::numeric_limits<int64_t>::max()));
-  train->add_option("--warmup", args->warmup, "untimed steps first")->check(CLI::Range(int64_t{0}, std::numeric_limits<int64_t>::max()));
+  train->add_option("--steps", args->steps, "timed steps")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{1}, std::numeric_limits<int64_t>::max()));
+  train->add_option("--warmup", args->warmup, "untimed steps first")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{0}, std::numeric_limits<int64_t>::max()));
   train->add_option("--device", args->device, "cpu | cuda | cuda:N");
   train->add_option("--seed", args->seed, "seed of the model and the batch");
   train->add_option("--amp", args->amp, "mixed precision: none | fp16 | bf16 | autocast-fp16 | autocast-bf16")

@@ -6,6 +6,7 @@
 // (0 workers, copies on demand) against workers + copies queued ahead on the copy stream.
 // Usage: data_loader [--data DIR] [--batches N] [--reps R]; prints markdown tables and a JSON line.
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -138,13 +139,36 @@ int main(int argc, char** argv) {
   std::string dir = "../shared/data/mnist";
   int64_t batches = 300;
   int reps = 3;
-  for (int i = 1; i + 1 < argc; i += 2) {
+  const char* usage = "usage: data_loader [--data DIR] [--batches N] [--reps N]\n";
+  // A whole number in [1, max]; 0 when the text is anything else.
+  auto count = [](const char* text, long long max) -> long long {
+    char* end = nullptr;
+    errno = 0;
+    const long long v = std::strtoll(text, &end, 10);
+    return end != text && *end == '\0' && errno == 0 && v >= 1 && v <= max ? v : 0;
+  };
+  for (int i = 1; i < argc; i += 2) {
     const std::string flag = argv[i];
-    if (flag == "--data") dir = argv[i + 1];
-    else if (flag == "--batches") batches = std::atoll(argv[i + 1]);
-    else if (flag == "--reps") reps = std::atoi(argv[i + 1]);
-    else {
-      std::fprintf(stderr, "data_loader: unknown flag %s\n", flag.c_str());
+    if (flag == "--help" || flag == "-h") {
+      std::printf("%s", usage);
+      return 0;
+    }
+    if (i + 1 == argc) {
+      std::fprintf(stderr, "data_loader: %s needs a value\n%s", flag.c_str(), usage);
+      return 2;
+    }
+    if (flag == "--data") {
+      dir = argv[i + 1];
+    } else if (flag == "--batches" || flag == "--reps") {
+      const long long v = count(argv[i + 1], flag == "--reps" ? 1000 : (1LL << 40));
+      if (v == 0) {
+        std::fprintf(stderr, "data_loader: %s takes a positive whole number, got '%s'\n", flag.c_str(), argv[i + 1]);
+        return 2;
+      }
+      if (flag == "--batches") batches = v;
+      else reps = static_cast<int>(v);
+    } else {
+      std::fprintf(stderr, "data_loader: unknown flag %s\n%s", flag.c_str(), usage);
       return 2;
     }
   }

@@ -10,6 +10,7 @@
 
 #include "ember/base/error.h"
 #include "ember/core/philox.h"
+#include "ember/data/file_io.h"
 
 namespace ember::data {
 
@@ -106,6 +107,7 @@ CharDataset::CharDataset(std::string_view text, double train_fraction) {
 }
 
 CharDataset CharDataset::from_file(const std::string& path, double train_fraction) {
+  EMBER_CHECK(!io::is_directory(path), ValueError, "CharDataset: '", path, "' is a directory; give a text file");
   std::ifstream in(path, std::ios::binary);
   EMBER_CHECK(in.good(), ValueError, "CharDataset: cannot open '", path, "': ", std::strerror(errno));
   std::ostringstream ss;

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <set>
 #include <cstdio>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -143,15 +144,20 @@ TrainingPlan plan_training(const PlanOptions& o) {
   const bool has_chain = dynamic_cast<const nn::GPT*>(probe.model.get()) != nullptr ||
                          dynamic_cast<const nn::Sequential*>(probe.model.get()) != nullptr;
   // A config without a block chain (cnn) runs without checkpointing only: the other policies are left out.
+  // A policy or precision listed twice (or under two spellings: fp32 and none) is planned once.
   std::vector<std::string> checkpoints;
+  std::set<std::string> seen_policies;
   for (const std::string& checkpoint : o.checkpoints) {
     const autograd::CheckpointPolicy policy = autograd::CheckpointPolicy::parse(checkpoint);  // ConfigError
+    if (!seen_policies.insert(policy.str()).second) continue;
     if (has_chain || policy.kind == autograd::CheckpointPolicy::Kind::none) checkpoints.push_back(checkpoint);
   }
   EMBER_CHECK(!checkpoints.empty(), ValueError, "plan_training: the ", o.model,
               " config has no block chain to checkpoint; include the policy none");
+  std::set<AmpMode> seen_modes;
   for (const std::string& amp : o.amps) {
     const AmpMode mode = parse_amp_mode(amp);
+    if (!seen_modes.insert(mode).second) continue;
     const double precision = precision_factor(o, mode);
     for (const std::string& checkpoint : checkpoints) {
       for (int64_t k = 1; k <= std::min(o.max_grad_accum, plan.batch); k *= 2) {

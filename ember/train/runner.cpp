@@ -551,7 +551,8 @@ RunResult TrainRunner::run() {
   if (remaining == 0)
     s.message("already at step " + std::to_string(s.step) + " of " + std::to_string(s.total) + ": nothing to train");
   else
-    s.message("training " + std::to_string(remaining) + " steps (to step " + std::to_string(s.total) + "), batch " +
+    s.message("training " + std::to_string(remaining) + (remaining == 1 ? " step" : " steps") + " (to step " +
+              std::to_string(s.total) + "), batch " +
               std::to_string(s.batch) +
               (o.grad_accum > 1 ? " in " + std::to_string(o.grad_accum) + " micro-batches" : std::string()) +
               (s.per_epoch > 0 ? ", " + std::to_string(s.per_epoch) + " steps per epoch" : std::string()));

@@ -128,6 +128,12 @@ TEST(CharDataset, FromFile) {
   EXPECT_EQ(ds.length(), 10);
   fs::remove(p);
   EXPECT_THROW((void)CharDataset::from_file(p.string()), ValueError);
+  try {  // a directory is named as one, not read as an empty text
+    (void)CharDataset::from_file(fs::temp_directory_path().string());
+    ADD_FAILURE() << "a directory was read";
+  } catch (const ValueError& e) {
+    EXPECT_NE(std::string(e.what()).find("is a directory"), std::string::npos) << e.what();
+  }
 }
 
 fs::path shared_data_dir() {

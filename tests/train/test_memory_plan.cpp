@@ -71,6 +71,9 @@ TEST(MemoryPlan, NothingFitsATinyBudget) {
   EXPECT_EQ(plan.best(), nullptr);
   ASSERT_EQ(plan.candidates.size(), 4u);  // accumulation 1, 2, 4, 8, none fitting
   EXPECT_NE(plan.to_string().find("nothing fits"), std::string::npos);
+  o.amps = {"none", "fp32", "none"};  // one precision under two spellings, and a repeat
+  o.checkpoints = {"none", "none"};
+  EXPECT_EQ(plan_training(o).candidates.size(), 4u) << "each combination planned once";
 }
 
 TEST(MemoryPlan, ConfigsWithoutABlockChainPlanWithoutCheckpointing) {
