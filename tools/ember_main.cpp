@@ -37,6 +37,9 @@ void guard_integer_options(CLI::App& app) {
             return text + " is out of range (" + (is_unsigned ? "0 to 2^64 - 1" : "-2^63 to 2^63 - 1") + ")";
           if (r.ec != std::errc() || r.ptr != last)
             return "'" + text + "' is not a whole number" + (is_unsigned ? " >= 0" : "");
+          // CLI11 converts with base 0: "010" would be read as octal 8.
+          const char* digits = first + (*first == '-' ? 1 : 0);
+          if (last - digits > 1 && *digits == '0') return "'" + text + "': write the number without leading zeros";
           return {};
         },
         "", "integer range"));
@@ -70,6 +73,9 @@ int main(int argc, char** argv) {
   }
   try {
     app.parse(argc, argv);
+  } catch (const CLI::ConversionError& e) {  // a value that is not of the flag's type: a bad value too
+    std::fprintf(stderr, "ember: %s\n", e.what());
+    return 1;
   } catch (const CLI::ValidationError& e) {  // a value a flag's check rejects: a bad value, as an ember error
     std::fprintf(stderr, "ember: %s\n", e.what());
     return 1;

@@ -125,6 +125,9 @@ if(CMAKE_SCRIPT_MODE_FILE)
     if(NOT (_rc STREQUAL "1" OR _rc STREQUAL "2"))
       message(FATAL_ERROR "expected exit status 1 or 2, got '${_rc}'\nstdout: ${_out}\nstderr: ${_err}")
     endif()
+    if(DEFINED STATUS AND NOT _rc STREQUAL "${STATUS}")
+      message(FATAL_ERROR "expected exit status ${STATUS}, got ${_rc}: ${_err}")
+    endif()
     if(NOT _err MATCHES "^ember: [^\n]+\n$")
       message(FATAL_ERROR "expected one line 'ember: <message>' on stderr, got:\n${_err}")
     endif()
@@ -205,9 +208,10 @@ file(MAKE_DIRECTORY ${_train_dir})
 # ember_train_test(NAME MODE ARGS [EXPECT ...] [MATCH ...] [FILES ...] [RESUME_ARGS ...]
 #                  [REJECT_ARGS ... REJECT_MATCH ...])
 function(ember_train_test name mode args)
-  cmake_parse_arguments(T "" "EXPECT;MATCH;FILES;RESUME_ARGS;REJECT_ARGS;REJECT_MATCH;SPLIT_ARGS;SAME" "" ${ARGN})
+  cmake_parse_arguments(T "" "EXPECT;MATCH;FILES;RESUME_ARGS;REJECT_ARGS;REJECT_MATCH;SPLIT_ARGS;SAME;STATUS" ""
+                        ${ARGN})
   set(_defs -DEMBER=$<TARGET_FILE:ember_cli> -DMODE=${mode} "-DARGS=${args}")
-  foreach(_var EXPECT MATCH FILES RESUME_ARGS REJECT_ARGS REJECT_MATCH SPLIT_ARGS SAME)
+  foreach(_var EXPECT MATCH FILES RESUME_ARGS REJECT_ARGS REJECT_MATCH SPLIT_ARGS SAME STATUS)
     if(DEFINED T_${_var})
       list(APPEND _defs "-D${_var}=${T_${_var}}")
     endif()
@@ -306,15 +310,24 @@ ember_train_test(train_rejects_unknown_model error "train --model x" MATCH "unkn
 ember_train_test(train_rejects_zero_batch error "train --model mlp --batch-size 0" MATCH "--batch-size")
 # A value that means "the default" in the library is rejected when given; a flag of another model; an output path
 # that is a directory (before training); integers outside their 64-bit type (CLI11 saturates them); a negative seed.
-ember_train_test(train_rejects_zero_steps error "train --model mlp --steps 0" MATCH "--steps must be >= 1, got 0")
-ember_train_test(train_rejects_zero_max_test error "train --model mnist-cnn --max-test 0" MATCH "--max-test")
-ember_train_test(train_rejects_directory_output error "train --model mlp --steps 1 --save ." MATCH "is a directory")
-ember_train_test(train_rejects_flag_of_another_model error "train --model mlp --workers 2" MATCH "applies to mnist-cnn")
+ember_train_test(train_rejects_zero_steps error "train --model mlp --steps 0" MATCH "--steps must be >= 1, got 0"
+  STATUS 1)
+ember_train_test(train_rejects_zero_max_test error "train --model mnist-cnn --max-test 0" MATCH "--max-test" STATUS 1)
+ember_train_test(train_rejects_directory_output error "train --model mlp --steps 1 --save ." MATCH "is a directory"
+  STATUS 1)
+ember_train_test(train_rejects_flag_of_another_model error "train --model mlp --workers 2" MATCH "applies to mnist-cnn"
+  STATUS 1)
 ember_train_test(train_rejects_out_of_range_integer error "train --model mlp --steps 99999999999999999999"
-  MATCH "--steps: 99999999999999999999 is out of range")
-ember_train_test(train_rejects_negative_seed error "train --model mlp --seed -5" MATCH "--seed: '-5' is not a whole")
-ember_train_test(ember_rejects_unknown_command error "trian --model mlp" MATCH "unknown command 'trian'")
-ember_train_test(bench_rejects_meta_device error "bench train --model mlp --device meta" MATCH "cpu or cuda")
+  MATCH "--steps: 99999999999999999999 is out of range" STATUS 1)
+ember_train_test(train_rejects_negative_seed error "train --model mlp --seed -5" MATCH "--seed: '-5' is not a whole"
+  STATUS 1)
+# CLI11 reads integers with base 0 ("010" would be 8 steps) and fails on non-numbers with its own exit code.
+ember_train_test(train_rejects_leading_zero error "train --model mlp --steps 010" MATCH "without leading zeros"
+  STATUS 1)
+ember_train_test(train_rejects_non_number error "train --model mlp --lr abc" MATCH "--lr" STATUS 1)
+ember_train_test(ember_rejects_unknown_command error "trian --model mlp" MATCH "unknown command 'trian'" STATUS 2)
+ember_train_test(bench_rejects_meta_device error "bench train --model mlp --device meta" MATCH "cpu or cuda"
+  STATUS 1)
 ember_train_test(train_rejects_bad_size error "train --model mlp --max-memory lots" MATCH "--max-memory")
 ember_train_test(train_rejects_unknown_amp error "train --model mlp --amp fp8" MATCH "fp8")
 ember_train_test(train_rejects_missing_resume error "train --model mlp --resume missing.safetensors"

@@ -1,5 +1,6 @@
 // Batch-size finder and training snapshots (batch_finder.h).
-// Invariant: every trial runs on an emptied cache under the budget's capacity cap and is followed by the restore
+// Invariant: every trial runs on an emptied cache under the trial budget's capacity cap (the budget less the
+// headroom) and is followed by the restore
 // callback; the search keeps lo (largest batch that fit, 0: none yet) < hi (smallest that failed, max_batch + 1: none
 // yet) and ends with hi == lo + 1.
 #include "ember/train/batch_finder.h"
@@ -243,9 +244,9 @@ BatchFinderResult find_batch_size(const std::function<void(int64_t)>& trial, con
     const CapacityCap probe(caching, o.budget);
     r.budget = caching ? caching->allowed_memory() : (o.budget > 0 ? o.budget : memory::kNoLimit);
   }
-  r.trial_budget = r.budget == memory::kNoLimit
-                       ? r.budget
-                       : static_cast<int64_t>(static_cast<double>(r.budget) * (1.0 - o.headroom));
+  r.trial_budget = r.budget;
+  if (o.headroom > 0.0 && r.budget != memory::kNoLimit)  // (1 - headroom) < 1: the product is below 2^63
+    r.trial_budget = std::max<int64_t>(1, static_cast<int64_t>(static_cast<double>(r.budget) * (1.0 - o.headroom)));
   const CapacityCap cap(caching, r.trial_budget == memory::kNoLimit ? o.budget : r.trial_budget);
 
   std::map<int64_t, int64_t> estimates;

@@ -74,10 +74,11 @@ class TrainingSnapshot {
 // A trial reproduces a training step's allocations but not the history around the real steps: a data loader's
 // per-sample tensors and prefetched batches allocated between and during steps, evaluation batches, many steps' worth
 // of cache splits. At the edge of the budget that history alone can turn a fitting step into an OOM by fragmentation
-// (the live bytes fit, no free block is large enough): ember train's MNIST CNN under --max-memory 256MiB picked 350
-// rows whose two trial steps fit and whose second real step failed, allocated bytes equal to the trial's peak. So the
-// trials can run under budget x (1 - headroom) and the batch they find leaves that much room for what they do not
-// reproduce; `ember train --batch-size auto` leaves 5% by default (--batch-headroom).
+// (the live bytes fit, no free block is large enough): `ember train --model mnist-cnn --batch-size auto
+// --max-memory 256MiB --batch-headroom 0` picked 350 rows whose two trial steps fit and whose second real step
+// failed, with allocated bytes equal to the trial's peak. So the trials can run under budget x (1 - headroom), and the
+// batch they find leaves that much room for what they do not reproduce; `ember train --batch-size auto` leaves 5% by
+// default (--batch-headroom).
 
 struct BatchTrial {
   int64_t batch = 0;

@@ -370,7 +370,10 @@ void TrainRunner::Impl::search_batch() {
   search_report = r.to_string();
   message(search_report);
   EMBER_CHECK(r.batch > 0, ValueError, "--batch-size auto: not even a batch of 1 fits in ",
-              memory::format_bytes(r.budget));
+              memory::format_bytes(r.trial_budget),
+              r.trial_budget < r.budget ? " (" + memory::format_bytes(r.budget) + " less --batch-headroom " +
+                                              headroom_text(o.batch_headroom) + ")"
+                                        : std::string());
   micro = r.batch;
   batch = micro * o.grad_accum;
   std::string why = "batch size " + std::to_string(batch) + " (auto): micro-batches of " + std::to_string(micro) +

@@ -272,7 +272,10 @@ TEST_F(BatchFinder, AHeadroomLeavesThatShareOfTheBudgetUnused) {
   o.restore = [&] { s.snapshot->restore(); };
   o.budget = 8 * kMiB;
   o.headroom = 0.25;
-  const train::BatchFinderResult r = train::find_batch_size([&](int64_t b) { s.step(b); }, o);
+  const train::BatchFinderResult r = train::find_batch_size([&](int64_t b) {
+    EXPECT_EQ(memory::cpu_allocator().allowed_memory(), 6 * kMiB) << "the trials run under the trial budget";
+    s.step(b);
+  }, o);
   EXPECT_EQ(r.budget, 8 * kMiB);
   EXPECT_EQ(r.trial_budget, 6 * kMiB);
   EXPECT_NE(r.to_string().find("trials within 6.00 MiB"), std::string::npos) << r.to_string();

@@ -25,9 +25,9 @@
 // rows j0..T that see them (dv[j0:j1] = p[j0:T, j0:j1]^T dout[j0:T]). Every entry a product reads beyond a row's own
 // keys lies inside the row's block and is zeroed, so the sums are the full products' minus their zero terms. With
 // nb blocks a product costs (nb + 1) / (2 nb) of the full one: 3/4 at the gpt config's T = 64 (two blocks of 32),
-// 9/16 at T = 1024 (eight of 128). Blocks have at least kMinBlockRows rows (smaller products lose more to Eigen's
-// per-call packing than they save) and there are at most kMaxBlocks (each block has its own Gemm shapes, so its own
-// panels); T <= kMinBlockRows, or no mask, is one block: the full products.
+// 9/16 at T = 1024 (eight of 128). Blocks have kMinBlockRows rows or more, but the last holds what is left (smaller
+// products lose more to Eigen's per-call packing than they save), and there are at most kMaxBlocks (each block has
+// its own Gemm shapes, so its own panels); T <= kMinBlockRows, or no mask, is one block: the full products.
 #include <algorithm>
 #include <cmath>
 #include <type_traits>
