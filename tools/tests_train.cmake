@@ -247,6 +247,13 @@ ember_train_test(train_auto_batch run
   EXPECT "batch_search=bool steps=3 batch_size=number"
   MATCH "batch-size search \\(budget 64.00 MiB, trials within 60.80 MiB\\).*batch size [0-9]+ \\(auto\\): \
 micro-batches of [0-9]+ rows, the largest whose training step fits 60.80 MiB \\(64.00 MiB less 5% headroom\\)")
+# --oom-resilient: a 4096-row mlp step under 64 MiB runs out of memory and goes on in halves (2048, then 1024 rows once
+# the optimizer state exists), every step completing.
+ember_train_test(train_oom_resilient run
+  "train --model mlp --batch-size 4096 --max-memory 64MiB --oom-resilient --steps 3 --json"
+  EXPECT "steps=3 ooms_recovered=number micro_batch=number ${_common_json}"
+  MATCH "step 1: out of memory in the forward of rows \\[0, 4096\\).*retrying with micro-batches of 2048 rows.*\
+out-of-memory error\\(s\\) recovered")
 # Progress lines (plain, not a terminal) and the memory report.
 ember_train_test(train_progress run "train --model mlp --steps 4 --log-interval 2 --batch-size 16"
   MATCH "step 2/4  loss [0-9.]+  [0-9.]+ samples/s  allocated .*step 4/4 .*done: step 4.*allocator: allocated")

@@ -113,6 +113,9 @@ void run_train(TrainArgs& a, bool seed_given) {
     done += buf;
   }
   if (r.steps_skipped > 0) done += ", " + std::to_string(r.steps_skipped) + " steps skipped (NaN/inf gradients)";
+  if (r.ooms_recovered > 0)
+    done += ", " + std::to_string(r.ooms_recovered) + " out-of-memory error(s) recovered (micro-batches of " +
+            std::to_string(r.micro_batch) + " rows)";
   printer->note(done);
   printer->note(runner.memory_report());
   if (a.json) std::printf("%s\n", r.to_json().c_str());
@@ -140,6 +143,9 @@ void add_train_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--grad-accum", o.grad_accum, "micro-batches per step (must divide the batch)")
       ->capture_default_str();
+  cmd->add_flag("--oom-resilient", o.oom_resilient,
+                "a micro-batch that runs out of memory is dropped and its rows run again in halves, instead of the "
+                "run failing");
   cmd->add_option("--amp", o.amp, "none | fp16 | bf16 | autocast-fp16 | autocast-bf16")->capture_default_str();
   cmd->add_option("--checkpoint", o.checkpoint, "activation checkpointing: none | sqrt | budget:SIZE")
       ->capture_default_str();

@@ -31,6 +31,7 @@
 #include "ember/train/batch_finder.h"
 #include "ember/train/estimate.h"
 #include "ember/train/grad_accum.h"
+#include "ember/train/oom_step.h"
 #include "ember/train/runner_tasks.h"
 #include "ember/train/training_checkpoint.h"
 
@@ -144,6 +145,7 @@ struct TrainRunner::Impl {
   std::unique_ptr<AmpTrainer> trainer;
   std::unique_ptr<optim::LRScheduler> sched;
   std::unique_ptr<GradAccumulator> accum;
+  std::unique_ptr<OomResilientStep> resilient;  // --oom-resilient: replaces accum
   std::shared_ptr<dist::ProcessGroup> group;          // --ddp
   std::unique_ptr<dist::DistributedDataParallel> ddp;  // --ddp, made after the trainer (which may cast the model)
   int rank = 0, world = 1;
@@ -218,6 +220,8 @@ void TrainRunner::Impl::validate() {
     EMBER_CHECK(o.device.is_cpu(), ValueError, "--ddp trains on cpu over MPI; ", o.device.str(),
                 " (NCCL) is not wired into ember train yet");
     EMBER_CHECK(!o.auto_batch, ValueError, "--ddp takes a fixed --batch-size (the global batch), not auto");
+    EMBER_CHECK(!o.oom_resilient, ValueError, "--oom-resilient with --ddp: every rank would have to split its "
+                "micro-batches alike, which needs a collective the resilient step does not make");
   }
   check_output_path(o.save_path, "--save");
   check_output_path(o.trace_path, "--trace");
@@ -512,7 +516,22 @@ void TrainRunner::setup() {
               " rows of each batch per rank, " + std::to_string(s.ddp->num_buckets()) + " gradient bucket(s) (" +
               memory::format_bytes(s.ddp->bucket_bytes()) + ")");
   }
-  s.accum = std::make_unique<GradAccumulator>(*s.model, *s.trainer, ao);
+  if (o.oom_resilient) {
+    // The step starts as --grad-accum micro-batches (whole batches for 1) and halves its micro-batch on an
+    // OutOfMemoryError (train/oom_step.h), keeping the size that worked for the following steps.
+    OomStepOptions ro;
+    ro.max_grad_norm = ao.max_grad_norm;
+    ro.micro_batch_size = o.grad_accum > 1 ? s.micro : 0;
+    ro.on_oom = [&s](const OomEvent& e) {
+      s.message("step " + std::to_string(s.step + 1) + ": out of memory in the " + e.phase + " of rows [" +
+                std::to_string(e.start) + ", " + std::to_string(e.start + e.rows) + ") (" +
+                memory::format_bytes(e.requested) + " requested); retrying with micro-batches of " +
+                std::to_string(e.next_rows) + " rows");
+    };
+    s.resilient = std::make_unique<OomResilientStep>(*s.model, *s.trainer, ro);
+  } else {
+    s.accum = std::make_unique<GradAccumulator>(*s.model, *s.trainer, ao);
+  }
   if (o.device.is_cuda()) memory::cuda::synchronize(o.device.index);
   s.set_up = true;
 }
@@ -572,7 +591,8 @@ RunResult TrainRunner::run() {
     const auto t0 = Clock::now();
     Batch b = s.task->next_batch();
     if (s.ddp) b = slice_batch(b, s.rank * local_rows, (s.rank + 1) * local_rows);  // this rank's shard
-    StepResult sr = s.accum->step(b, loss_fn);
+    StepResult sr = s.resilient ? s.resilient->step(b, loss_fn) : s.accum->step(b, loss_fn);
+    r.ooms_recovered += sr.ooms;
     if (s.ddp) {
       EMBER_CHECK(!s.ddp->in_iteration(), ValueError, "--ddp: a parameter of ", o.model,
                   " got no gradient, so the reduction did not complete before the optimizer step");
@@ -631,6 +651,8 @@ RunResult TrainRunner::run() {
   r.seconds = train_seconds;
   r.samples_per_s = train_seconds > 0 ? static_cast<double>(samples) / train_seconds : 0.0;
   r.steps_skipped = s.trainer->steps_skipped();
+  if (s.resilient && s.resilient->micro_batch_size() > 0)  // the size the OOMs left (0: whole batches still)
+    r.micro_batch = std::min(r.micro_batch, s.resilient->micro_batch_size());
   r.world_size = s.world;
   r.rank = s.rank;
   return r;
@@ -707,6 +729,7 @@ std::string RunResult::to_json() const {
   j["samples_per_s"] = samples_per_s;
   j["seconds"] = seconds;
   j["steps_skipped"] = steps_skipped;
+  j["ooms_recovered"] = ooms_recovered;
   j["batch_search"] = !batch_search.empty();
   j["data"] = data;
   // The data path and the names may hold bytes that are not UTF-8: replaced by U+FFFD, never a throw.

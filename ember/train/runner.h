@@ -36,6 +36,9 @@ struct RunnerOptions {
   // data sets count too); on CUDA the allocator's capacity setting. 0: no cap (the device's memory).
   int64_t max_memory = 0;
   int64_t grad_accum = 1;         // micro-batches per step (GradAccumulator); must divide the batch
+  // Steps through train::OomResilientStep: a micro-batch that runs out of memory is dropped and its rows run again in
+  // halves (the size that worked is kept for the following steps), instead of the run failing. Not with ddp.
+  bool oom_resilient = false;
   std::string amp = "none";       // parse_amp_mode
   std::string checkpoint = "none";  // CheckpointPolicy::parse; models with a block chain only (char-gpt, gpt, mlp)
   int64_t epochs = 0;             // mnist-cnn only; 0: 1 epoch unless steps is set
@@ -75,6 +78,7 @@ struct RunResult {
   int64_t peak_allocated_bytes = 0, peak_reserved_bytes = 0;  // the device allocator, over the step loop
   double samples_per_s = 0.0, seconds = 0.0;  // training steps only
   int64_t steps_skipped = 0;                  // NaN/inf steps of loss-scaled modes
+  int64_t ooms_recovered = 0;                 // --oom-resilient: OutOfMemoryErrors the steps recovered from
   int64_t world_size = 1, rank = 0;           // --ddp: losses and samples_per_s are the whole job's
   std::string batch_search;                   // the batch search's table (auto), else empty
   std::string to_json() const;                // one line
