@@ -29,8 +29,8 @@ struct LossResult {
 using LossFn = std::function<LossResult(const Batch& micro_batch)>;
 
 // Runs before each micro-batch's forward; final_micro is true for the micro-batch that completes the effective batch.
-// Meant for DDP's no_sync (DDP does not exist yet): skip the gradient all-reduce when !final_micro, e.g.
-// `[&](bool final) { ddp.require_backward_grad_sync(final); }`. Its forward runs after the hook, as PyTorch's no_sync
+// Meant for DDP's no_sync (dist/ddp.h): skip the gradient all-reduce when !final_micro, e.g.
+// `[&](bool final) { ddp.set_require_backward_grad_sync(final); }`. Its forward runs after the hook, as PyTorch's no_sync
 // context must cover the forward too.
 using MicroBatchHook = std::function<void(bool final_micro)>;
 
