@@ -422,6 +422,12 @@ void DataLoader::validate() {
   }
 }
 
+int64_t DataLoader::held_ahead(const DataLoaderOptions& o) {  // Note [Batches held ahead]
+  if (o.device.is_cuda()) return o.device_prefetch;
+  if (o.num_workers == 0) return 0;
+  return o.num_workers * (o.pin_memory ? 1 : o.prefetch_factor + 1);
+}
+
 int64_t DataLoader::num_samples() const {
   if (!dataset_) return -1;
   return static_cast<int64_t>(sampler_->indices(dataset_->size(), 0).size());

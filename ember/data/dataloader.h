@@ -73,6 +73,14 @@ class DataLoader {
   int64_t num_batches() const;
   // Samples per epoch (map-style; -1 for streams).
   int64_t num_samples() const;
+  // Note [Batches held ahead]
+  // While the consumer works on one batch, a loader holds others on the memory of its delivery device: a CUDA loader
+  // the device_prefetch batches copied ahead (its host batches live in pinned memory, not on the device); a CPU loader
+  // with workers, per worker, up to prefetch_factor collated batches waiting in its queue plus the one it is loading
+  // (its samples, then their collated copy) — the samples only, when batches collate into pinned memory; a CPU loader
+  // without workers loads inline, between the consumer's steps, and holds none. held_ahead() bounds that memory in
+  // batches' worth, so a batch-size search can hold as much beside its trial steps (train::TrainRunner does).
+  static int64_t held_ahead(const DataLoaderOptions& options);
 
   // The epoch the next start_epoch() runs (epochs count up from 0 by themselves; set_epoch overrides, as
   // DistributedSampler.set_epoch does in PyTorch, and cancels a position load_state left pending).

@@ -71,14 +71,18 @@ class TrainingSnapshot {
 };
 
 // Note [Batch headroom]
-// A trial reproduces a training step's allocations but not the history around the real steps: a data loader's
-// per-sample tensors and prefetched batches allocated between and during steps, evaluation batches, many steps' worth
-// of cache splits. At the edge of the budget that history alone can turn a fitting step into an OOM by fragmentation
-// (the live bytes fit, no free block is large enough): `ember train --model mnist-cnn --batch-size auto
-// --max-memory 256MiB --batch-headroom 0` picked 350 rows whose two trial steps fit and whose second real step
-// failed, with allocated bytes equal to the trial's peak. So the trials can run under budget x (1 - headroom), and the
-// batch they find leaves that much room for what they do not reproduce; `ember train --batch-size auto` leaves 5% by
-// default (--batch-headroom).
+// A trial reproduces a training step's allocations, and the runner's trials also hold the batches a data loader keeps
+// ahead (Note [Batches held ahead] in data/dataloader.h), but not the history around the real steps: where the
+// loader's per-sample and collated tensors land in the cache while a step runs (timing decides), evaluation batches,
+// many steps' worth of cache splits. At the edge of the budget that history alone can turn a fitting step into an OOM
+// by fragmentation: the live bytes fit, no free block is large enough and the pages left to map are too few.
+// `ember train --model mnist-cnn --batch-size auto --max-memory 256MiB --batch-headroom 0` on generated digits picked
+// 428 rows whose two trial steps fit; the third real step then asked for 60.19 MiB with 187.15 MiB live (247.34 MiB
+// in all, under 256), 10.85 MiB of the cache free in 13 blocks of at most 2.05 MiB and 58 MiB left to map. On real
+// MNIST, before the trials held the loader's batches, 350 rows failed in the second step with the two batches the
+// loader held ahead (2.1 MiB) live beside it; held, the pick is 347 rows, which the layout drift still fails. So the
+// trials can run under budget x (1 - headroom), and the batch they find leaves that much room for what they do not
+// reproduce; `ember train --batch-size auto` leaves 5% by default (--batch-headroom).
 
 struct BatchTrial {
   int64_t batch = 0;

@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <deque>
 #include <filesystem>
 #include <fstream>
 #include <limits>
@@ -315,8 +316,9 @@ void TrainRunner::Impl::install_plan(int64_t rows) {
 // Note [Two steps per trial]
 // --batch-size auto: the largest micro-batch whose real steps (forward, backward, optimizer step) fit the memory limit,
 // by find_batch_size with the training state snapshotted and restored around every trial. A trial runs two steps,
-// each on a batch of its own drawn just before it (as the step loop draws one per step): the first creates the
-// optimizer state from an emptied cache, the second runs as every later training step does — on the cache the first
+// each on a batch of its own drawn just before it (as the step loop draws one per step), with as many batches held
+// beside it as the task's data loader holds ahead (Note [Batches held ahead] in data/dataloader.h): the first creates
+// the optimizer state from an emptied cache, the second runs as every later training step does — on the cache the first
 // left behind, whose split blocks can make it need more than the first (a batch whose first step fits can run out of
 // memory in its second). The trials leave --batch-headroom of the limit unused (Note [Batch headroom] in
 // batch_finder.h).
@@ -325,13 +327,17 @@ void TrainRunner::Impl::search_batch() {
   AccumulationOptions one;
   one.max_grad_norm = task->max_grad_norm();
   GradAccumulator single(*model, *trainer, one);
+  const auto ahead = static_cast<size_t>(task->held_ahead());
   auto trial = [&](int64_t rows) {
     const LossFn fn = [this](const Batch& mb) { return loss(mb); };
+    std::deque<Batch> stream;  // the batch to train on, then those the loader holds ahead of it
     for (int k = 0; k < 2; ++k) {  // Note [Two steps per trial]
       Batch b;
       {
         memory::PhaseScope phase(memory::Phase::Data);
-        b = task->random_batch(rows, o.device);
+        while (stream.size() < ahead + 1) stream.push_back(task->random_batch(rows, o.device));
+        b = std::move(stream.front());
+        stream.pop_front();
       }
       single.step(b, fn);
     }

@@ -117,13 +117,19 @@ class MnistTask final : public RunTask {
                                                    0.0);
   }
 
-  int64_t start_data(int64_t batch, int64_t start) override {
+  data::DataLoaderOptions train_options(int64_t batch) const {
     data::DataLoaderOptions train_opts;
     train_opts.batch_size = batch;
     train_opts.shuffle = true;
     train_opts.seed = seed_;
     train_opts.num_workers = o_.workers;
     train_opts.device = o_.device;
+    return train_opts;
+  }
+  int64_t held_ahead() const override { return data::DataLoader::held_ahead(train_options(1)); }
+
+  int64_t start_data(int64_t batch, int64_t start) override {
+    const data::DataLoaderOptions train_opts = train_options(batch);
     train_ = std::make_unique<data::DataLoader>(mnist_samples(train_raw_), train_opts);
     data::DataLoaderOptions test_opts = train_opts;
     // Test batches of at most 256 images (their conv activations stay ~100 MiB) and no larger than a training

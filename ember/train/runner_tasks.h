@@ -67,6 +67,9 @@ class RunTask {
   virtual LossResult loss(nn::Module& model, const Batch& batch) const = 0;
   // Random inputs and targets of `rows` rows in the training layout, on `device` (batch-size trials, planning).
   virtual Batch random_batch(int64_t rows, Device device) const = 0;
+  // Batches' worth of device memory the training stream holds beside the batch being trained on (Note [Batches held
+  // ahead] in data/dataloader.h); the batch-size trials hold as many random batches.
+  virtual int64_t held_ahead() const { return 0; }
 
   // Evaluation after `step` (epoch_done: an epoch just ended). Returns a report line, or "" when nothing was due.
   virtual std::string evaluate(nn::Module& model, const AmpTrainer& trainer, int64_t step, bool epoch_done,

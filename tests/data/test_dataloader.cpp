@@ -1,6 +1,6 @@
 // DataLoader: every sample exactly once per epoch (shuffled or not, 0-3 workers, drop_last), the same order whatever
 // the worker count, per-sample transform seeds, streaming datasets sharded across workers, the prefetch bound, clean
-// shutdown mid-epoch, worker exceptions reaching the caller, pinned batches, samplers (hand-computed distributed
+// shutdown mid-epoch, the batches held ahead on the delivery device's allocator, worker exceptions reaching the caller, pinned batches, samplers (hand-computed distributed
 // splits), collation errors, bad options; on a GPU, batches delivered to the device equal the host batches.
 #include <gtest/gtest.h>
 
@@ -27,6 +27,7 @@
 #include "ember/data/sampler.h"
 #include "ember/data/text_stream.h"
 #include "ember/data/transforms.h"
+#include "ember/memory/cpu_allocator.h"
 #include "tests/harness/op_harness.h"
 
 namespace ember::testing {
@@ -290,6 +291,43 @@ TEST(DataLoader, WorkerExceptionReachesTheCaller) {
   EXPECT_NO_THROW(loader.next());
   EXPECT_NO_THROW(loader.next());
   EXPECT_THROW(loader.next(), std::runtime_error);
+}
+
+// Note [Batches held ahead]: with one batch taken and the workers' queues full, a CPU loader holds exactly
+// num_workers * prefetch_factor collated batches on the CPU allocator (within held_ahead's bound, which adds the batch
+// each worker may be loading); pinned batches wait outside it; a loader without workers holds none.
+TEST(DataLoader, HeldAheadBoundsTheBatchesWaitingOnTheDeliveryDevice) {
+  memory::CachingAllocator& alloc = memory::cpu_allocator();
+  const int64_t batch_bytes = 512 + 512;  // data f32 [64, 2] and target i64 [64]: one 512 B block each
+  for (const bool pinned : {false, true}) {
+    auto ds = std::make_shared<IndexDataset>(4000);
+    DataLoaderOptions o;
+    o.batch_size = 64;
+    o.num_workers = 2;
+    o.prefetch_factor = 3;
+    o.pin_memory = pinned;
+    EXPECT_EQ(DataLoader::held_ahead(o), pinned ? 2 : 8);
+    const int64_t before = alloc.stats().allocated_bytes;
+    DataLoader loader(ds, o);
+    const std::optional<Batch> taken = loader.next();
+    ASSERT_TRUE(taken.has_value());
+    const int64_t loaded = (1 + o.num_workers * o.prefetch_factor) * o.batch_size;
+    for (int i = 0; i < 5000 && ds->calls.load() < loaded; ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    const int64_t waiting = pinned ? 0 : o.num_workers * o.prefetch_factor * batch_bytes;
+    const int64_t consumer = pinned ? 0 : batch_bytes;
+    for (int i = 0; i < 2000 && alloc.stats().allocated_bytes - before != consumer + waiting; ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));  // the last samples' collation and push
+    EXPECT_EQ(alloc.stats().allocated_bytes - before, consumer + waiting) << "pinned " << pinned;
+    EXPECT_LE(waiting, DataLoader::held_ahead(o) * batch_bytes);
+  }
+  DataLoaderOptions inline_loading;
+  EXPECT_EQ(DataLoader::held_ahead(inline_loading), 0);
+  DataLoaderOptions cuda;
+  cuda.device = Device::cuda(0);
+  cuda.num_workers = 4;
+  cuda.device_prefetch = 2;
+  EXPECT_EQ(DataLoader::held_ahead(cuda), 2);  // the host batches are in pinned memory
 }
 
 TEST(DataLoader, PinnedBatches) {
