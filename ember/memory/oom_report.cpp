@@ -69,13 +69,17 @@ std::string explain_oom(const OomFacts& f) {
   std::vector<LiveAllocation> live = f.live;
   std::sort(live.begin(), live.end(), [](const LiveAllocation& a, const LiveAllocation& b) { return a.id < b.id; });
   const int64_t replay_capacity = f.allowed != kNoLimit ? f.allowed : f.capacity;
-  if (cached < f.requested || replay_capacity == kNoLimit) {
+  // No setting helps only when the live bytes and the request exceed the allowed memory. Less cached than requested
+  // is not enough to say so: the device may have the bytes unmapped, in pieces smaller than the segment this
+  // request needs (a 4 MiB request gets a 20 MiB segment), which other settings use.
+  if (replay_capacity == kNoLimit || f.allocated + f.rounded > replay_capacity) {
     os << " Live tensors would need " << format_bytes(f.allocated + f.rounded)
        << " with this request; no allocator setting makes that fit: free tensors or need less memory — a smaller "
           "batch (with gradient accumulation), activation checkpointing, or mixed precision.";
     return os.str();
   }
-  // The bytes exist, but not in one piece. Suggest a setting only where a replay shows it would have served this.
+  // The bytes exist, but not in pieces this allocator can use (cache splits, segment sizes). Suggest a setting only
+  // where a replay shows it would have served this.
   std::vector<std::pair<std::string, AllocatorConfig>> knobs;
   if (f.config.max_split_size == kNoLimit) {
     AllocatorConfig c = f.config;
@@ -109,8 +113,9 @@ std::string explain_oom(const OomFacts& f) {
   for (const auto& [name, c] : knobs)
     if (!fits_now && live_set_fits(live, f.requested, f.stream, c, replay_capacity)) helps.push_back(name);
   if (!helps.empty()) {
-    os << " The cache is fragmented: the " << live.size() << " live allocation(s) plus this request do not fit "
-       << "under the current settings even packed afresh, and do fit with EMBER_ALLOC_CONF=" << helps[0];
+    os << " The " << live.size() << " live allocation(s) plus this request fit in the allowed memory but not "
+       << "under the current settings (segment sizes, splitting) even packed afresh, and do fit with "
+       << "EMBER_ALLOC_CONF=" << helps[0];
     if (helps.size() > 1) os << " (or " << helps[1] << ")";
     os << ".";
   } else if (fits_now) {

@@ -156,6 +156,29 @@ TEST(CachingOom, FragmentationSuggestsExpandableSegments) {
   for (void* p : blocks) a->deallocate(p);
 }
 
+// The live bytes and the request fit the device, the cache holds less than the request, and the device's free
+// memory is smaller than the 20 MiB segment a 4 MiB request gets: not a case of "no setting helps" — packed afresh
+// under expandable segments (pages, not segments) the request fits, and the message says so.
+TEST(CachingOom, FreeDeviceMemorySmallerThanTheSegmentSuggestsExpandableSegments) {
+  auto a = make_allocator(30 * MiB, "expandable_segments:False");
+  void* x = a->allocate(12 * MiB);  // a segment of its own (12 MiB)
+  const OutOfMemoryError e = expect_oom([&] { a->allocate(4 * MiB); });
+  const std::string msg = e.what();
+  for (const char* part : {"12.00 MiB allocated", "0 B is reserved but unallocated", "reports 18.00 MiB free",
+                           "EMBER_ALLOC_CONF=expandable_segments:True"})
+    EXPECT_TRUE(contains(msg, part)) << "missing \"" << part << "\" in: " << msg;
+  EXPECT_FALSE(contains(msg, "no allocator setting")) << msg;
+  EXPECT_FALSE(contains(msg, "smaller batch")) << msg;
+  a->deallocate(x);
+  EXPECT_EQ(verify_caching_allocator(*a), "");
+  auto b = make_allocator(30 * MiB, "expandable_segments:True");  // the advice is true
+  void* bx = b->allocate(12 * MiB);
+  void* by = nullptr;
+  EXPECT_NO_THROW(by = b->allocate(4 * MiB));
+  b->deallocate(by);
+  b->deallocate(bx);
+}
+
 // A cached 4 GiB block split by small requests strands 2 GiB holes; with max_split_size_mb:128 the big block would
 // not have been split. Runs the same sequence under `conf`; returns the OOM message ("" when it fits).
 // With `traced`, the allocator records its history from the start, so the OOM message can replay it.
