@@ -115,6 +115,11 @@ void check_profile(const std::vector<BlockProfile>& profile) {
                 ValueError, "plan_checkpoints: block ", i, " has a negative size or cost (input_bytes ", b.input_bytes,
                 ", activation_bytes ", b.activation_bytes, ", backward_bytes ", b.backward_bytes, ", cost ", b.cost,
                 ")");
+    EMBER_CHECK(b.input_saved_bytes >= 0 && b.input_saved_bytes <= b.input_bytes &&
+                    b.input_saved_bytes <= b.activation_bytes,
+                ValueError, "plan_checkpoints: block ", i, "'s input_saved_bytes ", b.input_saved_bytes,
+                " is not within [0, min(input_bytes ", b.input_bytes, ", activation_bytes ", b.activation_bytes,
+                ")]");
   }
 }
 
@@ -138,12 +143,13 @@ void evaluate(CheckpointPlan& plan, const std::vector<BlockProfile>& profile) {
   plan.recomputed_bytes = plan.activation_bytes = 0;
   for (const CheckpointSegment& s : plan.segments) {
     const int64_t in = s.recompute ? profile[s.begin].input_bytes : 0;
+    const int64_t saved = s.recompute ? profile[s.begin].input_saved_bytes : 0;  // held once, as in(s)
     int64_t a = 0;
     for (int64_t k = s.begin; k < s.end; ++k) {
       a += profile[k].activation_bytes;
       plan.activation_bytes += profile[k].activation_bytes;
       if (s.recompute) plan.recomputed_bytes += profile[k].activation_bytes;
-      peak = std::max(peak, held + in + a + profile[k].backward_bytes);
+      peak = std::max(peak, held + in - saved + a + profile[k].backward_bytes);
       if (s.recompute) extra += profile[k].cost;
     }
     held += s.recompute ? in : a;
@@ -213,7 +219,7 @@ std::vector<CheckpointSegment> budget_dp(const std::vector<BlockProfile>& p, con
           rec[j * w + u + ku] = 0;
         }
       const int64_t in = p[i].input_bytes;
-      const int64_t room = budget - in - m;  // u * U must not exceed it
+      const int64_t room = budget - (in - p[i].input_saved_bytes) - m;  // u * U must not exceed it
       if (room < 0) continue;
       const int64_t ru = units(in);
       const int64_t u_max = std::min(cap - ru, room / unit);
@@ -276,7 +282,7 @@ std::vector<CheckpointSegment> least_held_segments(const std::vector<BlockProfil
     int64_t run = 0;  // M(i, j)
     for (int64_t i = j - 1; i >= 0; --i) {
       run = p[i].activation_bytes + std::max(p[i].backward_bytes, i == j - 1 ? int64_t{0} : run);
-      if (held[i] == none || held[i].first + p[i].input_bytes + run > m) continue;
+      if (held[i] == none || held[i].first + p[i].input_bytes - p[i].input_saved_bytes + run > m) continue;
       const Key k{held[i].first + p[i].input_bytes, held[i].second + pre.c[j] - pre.c[i]};
       if (k < held[j]) {
         held[j] = k;
@@ -472,7 +478,8 @@ int64_t measure_backward(const Tensor& y, const Tensor& input) {
 // time. A pack hook records every storage the block's ops save (weakly) and hands the tensor back unchanged. After
 // the block's graph is dropped, a recorded storage that is still alive is held by someone else — a parameter (a
 // leaf that requires grad), the block's input, a buffer — and is not activation memory; one that died with the graph
-// (or is the block's output, which the next block consumes) is. The default generator's state is restored at the
+// (or is the block's output, which the next block consumes) is. The block's input counts when the block saves it
+// and the block before did not save it as its output (Note [Hand-off tensors]). The default generator's state is restored at the
 // end, so profiling a model with dropout leaves the training run's random stream untouched.
 std::vector<BlockProfile> profile_chain(const std::vector<TensorFn>& blocks, const Tensor& x) {
   EMBER_CHECK(x.defined(), ValueError, "profile_chain: the input is undefined");
@@ -481,6 +488,7 @@ std::vector<BlockProfile> profile_chain(const std::vector<TensorFn>& blocks, con
   const Device device = x.device();
   std::vector<BlockProfile> out(blocks.size());
   Tensor input = detached_like(x);
+  bool producer_counted = true;  // the chain's input is the caller's (a batch), not activation memory
   for (size_t b = 0; b < blocks.size(); ++b) {
     EMBER_CHECK(static_cast<bool>(blocks[b]), ValueError, "profile_chain: block ", b, " is empty");
     struct Seen {
@@ -508,11 +516,17 @@ std::vector<BlockProfile> profile_chain(const std::vector<TensorFn>& blocks, con
     }  // y and with it the block's graph are gone
     if (input.defined() && requires_grad(input)) input.set_grad(Tensor());
     const StorageImpl* out_storage = next.storage().get();
-    int64_t activation = 0;
-    for (const auto& [ptr, s] : seen)
+    const StorageImpl* in_storage = input.storage().get();
+    int64_t activation = 0, input_saved = 0;
+    for (const auto& [ptr, s] : seen) {
       if (s.storage.expired() || ptr == out_storage) activation += s.nbytes;
-    out[b].input_bytes = input.storage() ? input.storage()->nbytes() : 0;
-    out[b].activation_bytes = activation;
+      else if (ptr == in_storage && ptr != nullptr && !producer_counted)
+        input_saved = s.nbytes;  // Note [Hand-off tensors]
+    }
+    producer_counted = out_storage != nullptr && seen.count(out_storage) > 0;
+    out[b].input_bytes = in_storage ? in_storage->nbytes() : 0;
+    out[b].activation_bytes = activation + input_saved;
+    out[b].input_saved_bytes = input_saved;
     out[b].cost = seconds;
     input = next;
   }

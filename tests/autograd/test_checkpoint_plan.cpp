@@ -58,13 +58,17 @@ int64_t model_peak(const std::vector<BlockProfile>& p, const std::vector<Seg>& s
   }
   int64_t peak = held;
   for (auto s = segs.rbegin(); s != segs.rend(); ++s) {
+    // A recomputed segment's first block saves no second copy of its input (Note [Hand-off tensors]).
+    const auto recreated = [&](int64_t i) {
+      return p[i].activation_bytes - (s->recompute && i == s->begin ? p[i].input_saved_bytes : 0);
+    };
     if (s->recompute) {
-      for (int64_t i = s->begin; i < s->end; ++i) held += p[i].activation_bytes;
+      for (int64_t i = s->begin; i < s->end; ++i) held += recreated(i);
       peak = std::max(peak, held);
     }
     for (int64_t i = s->end - 1; i >= s->begin; --i) {
       peak = std::max(peak, held + p[i].backward_bytes);
-      held -= p[i].activation_bytes;
+      held -= recreated(i);
     }
     if (s->recompute) held -= p[s->begin].input_bytes;
   }
@@ -259,6 +263,11 @@ TEST(CheckpointPlan, RandomProfilesAgainstBruteForce) {
       const int64_t transient = trial % 3 == 0 ? 0 : int64_t(rng() % (200 * KiB));
       p.push_back({int64_t(rng() % (40 * KiB)) + 1, int64_t(rng() % (100 * KiB)), double(rng() % 9 + 1) * 0.25,
                    transient});
+      // Half the trials: blocks that save their input, counted among their activations (Note [Hand-off tensors]).
+      if (trial % 2 == 1 && i > 0 && rng() % 2 == 0) {
+        p.back().input_saved_bytes = p.back().input_bytes;
+        p.back().activation_bytes += p.back().input_bytes;
+      }
     }
     total = model_peak(p, {{0, n, false}});  // keeping everything
     // Even trials: any budget up to keeping everything (many below the smallest peak); odd ones: the upper half.
@@ -391,6 +400,33 @@ TEST(ProfileChain, CountsSavedActivationsNotParametersOrInputs) {
   for (const auto& b : prof) EXPECT_GE(b.cost, 0.0);
   EXPECT_EQ(default_generator().state().offset, offset_before);
   EXPECT_FALSE(w.grad().defined());  // profiling runs no backward
+}
+
+// Note [Hand-off tensors]: gelu saves its input, not its output, so the tensor a gelu block hands to the next is
+// saved by the next block's matmul (its input) and counted there; relu saves its output, so a relu block counts the
+// tensor it hands on and the next block does not count it again. The chain's own input is never counted.
+TEST(ProfileChain, CountsEachHandOffTensorOnce) {
+  Tensor w = uniform({64, 64}, -0.1, 0.1, DType::f32);
+  w.requires_grad_();
+  const Tensor x = uniform({64, 64}, -1.0, 1.0, DType::f32);
+  const int64_t act = 64 * 64 * 4;
+  const autograd::TensorFn gelu_block = [w](const Tensor& t) { return gelu(matmul(t, w)); };
+  const autograd::TensorFn relu_block = [w](const Tensor& t) { return relu(matmul(t, w)); };
+  const auto gelus = autograd::profile_chain({gelu_block, gelu_block, gelu_block}, x);
+  EXPECT_EQ(gelus[0].activation_bytes, act);  // matmul's output, saved by gelu
+  EXPECT_EQ(gelus[0].input_saved_bytes, 0);   // the chain's input
+  for (size_t b = 1; b < 3; ++b) {
+    EXPECT_EQ(gelus[b].activation_bytes, 2 * act) << b;  // its input (saved by matmul) and matmul's output
+    EXPECT_EQ(gelus[b].input_saved_bytes, act) << b;
+  }
+  const auto relus = autograd::profile_chain({relu_block, relu_block, relu_block}, x);
+  for (size_t b = 0; b < 3; ++b) {
+    EXPECT_EQ(relus[b].activation_bytes, act) << b;  // relu's output, the tensor it hands on
+    EXPECT_EQ(relus[b].input_saved_bytes, 0) << b;
+  }
+  const auto mixed = autograd::profile_chain({relu_block, gelu_block, relu_block}, x);
+  EXPECT_EQ(mixed[1].input_saved_bytes, 0);    // relu counted it
+  EXPECT_EQ(mixed[2].input_saved_bytes, act);  // gelu did not
 }
 
 }  // namespace

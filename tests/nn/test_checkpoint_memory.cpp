@@ -62,7 +62,8 @@ std::string mib(int64_t bytes) { return memory::format_bytes(bytes); }
 // the whole peak above the level before the forward:
 //     budget(B):  peak <= B + one block
 // (the extra block covers what the model leaves out: the output of a recomputed segment that the next kept block
-// saves as its input, counted in no block's activation bytes). sqrt's bound is on activation memory, so it is checked
+// saves as its input, when the segment's last block counts it as its own saved output — ReLU — and so no held
+// bytes do; Note [Hand-off tensors]). sqrt's bound is on activation memory, so it is checked
 // as peak - transient <= 2 sqrt(N) blocks, with the transient what the no-checkpoint backward needs beyond its
 // forward's bytes (peak - forward).
 struct Acceptance {
@@ -85,6 +86,9 @@ void check_acceptance(const Acceptance& a) {
 
   const CheckpointPlan sqrt = a.plan(CheckpointPolicy::parse("sqrt"));
   const Measured sq = measure(*a.model, a.loss);
+  std::printf("%s: predicted without checkpointing %s, measured %s\n", a.name.c_str(),
+              mib(sqrt.no_checkpoint_bytes).c_str(), mib(none.peak).c_str());
+  EXPECT_GE(double(sqrt.no_checkpoint_bytes) + block, double(none.peak));  // the model does not lose tensors
   std::printf("%s sqrt: forward %s, peak %s (%.1f blocks); predicted %s\n%s\n", a.name.c_str(), mib(sq.forward).c_str(),
               mib(sq.peak).c_str(), sq.peak / block, mib(sqrt.predicted_peak_bytes).c_str(),
               sqrt.to_string().c_str());
@@ -106,10 +110,13 @@ void check_acceptance(const Acceptance& a) {
 
 // ---- a 32-block MLP and an 8-block GPT ---------------------------------------------------------------------------
 
-std::shared_ptr<Sequential> make_deep_mlp(int64_t blocks, int64_t width) {
+std::shared_ptr<Sequential> make_deep_mlp(int64_t blocks, int64_t width, bool gelu = false) {
   auto net = std::make_shared<Sequential>();
-  for (int64_t i = 0; i < blocks; ++i)
-    net->push_back(std::make_shared<Sequential>(std::make_shared<Linear>(width, width), std::make_shared<ReLU>()));
+  for (int64_t i = 0; i < blocks; ++i) {
+    std::shared_ptr<Module> act = gelu ? std::shared_ptr<Module>(std::make_shared<GELU>())
+                                       : std::shared_ptr<Module>(std::make_shared<ReLU>());
+    net->push_back(std::make_shared<Sequential>(std::make_shared<Linear>(width, width), act));
+  }
   return net;
 }
 
@@ -119,6 +126,18 @@ TEST(CheckpointMemory, DeepMlpSqrtAndBudgets) {
   const Tensor x = randn({128, 256});
   Sequential* seq = net.get();
   check_acceptance({"mlp", seq, 32, [seq, x] { return mean(seq->forward(x)); },
+                    [seq, x](const CheckpointPolicy& p) { return seq->plan_checkpointing(x, p); },
+                    [seq] { seq->set_checkpoint_plan({}); }});
+}
+
+// GELU saves its input, not its output: the tensor between two blocks is saved only by the next block's Linear
+// (Note [Hand-off tensors] in autograd/checkpoint_plan.h), which the plans must count.
+TEST(CheckpointMemory, DeepGeluMlpSqrtAndBudgets) {
+  manual_seed(4);
+  auto net = make_deep_mlp(16, 256, /*gelu=*/true);
+  const Tensor x = randn({128, 256});
+  Sequential* seq = net.get();
+  check_acceptance({"gelu mlp", seq, 16, [seq, x] { return mean(seq->forward(x)); },
                     [seq, x](const CheckpointPolicy& p) { return seq->plan_checkpointing(x, p); },
                     [seq] { seq->set_checkpoint_plan({}); }});
 }
