@@ -335,6 +335,8 @@ void Module::load_state_dict(const NamedTensors& state, bool strict) {
     EMBER_CHECK(src.sizes() == t.sizes(), ShapeError, "load_state_dict: size mismatch for '", name,
                 "': the checkpoint has shape ", shape_str(src.sizes()), ", the module has shape ",
                 shape_str(t.sizes()));
+    EMBER_CHECK(!src.device().is_meta() || t.device().is_meta(), DeviceError, "load_state_dict: key '", name,
+                "' holds a meta tensor (shape only, no data) and the module's is on ", t.device().str());
     copies.emplace_back(t, &src);
     used.insert(name);
   }

@@ -233,6 +233,17 @@ TEST(Module, ShapeMismatchNamesKeyAndShapes) {
   EXPECT_THROW(a.load_state_dict(bad, /*strict=*/false), ShapeError);
 }
 
+// Every check runs before the first copy: a meta tensor (no data) in the last entry leaves the first one unloaded.
+TEST(Module, MetaTensorInTheStateDictChangesNothing) {
+  Linear a(3, 2);
+  const std::vector<float> weight = a.weight.to_vector<float>();
+  NamedTensors bad{{"weight", full({2, 3}, 7.0)}, {"bias", empty({2}, TensorOptions(DType::f32, Device::meta()))}};
+  const std::string msg = error_message<DeviceError>([&] { a.load_state_dict(bad); });
+  EXPECT_NE(msg.find("'bias'"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("meta"), std::string::npos) << msg;
+  EXPECT_EQ(a.weight.to_vector<float>(), weight);
+}
+
 TEST(Module, ToDtypeKeepsHandlesAndRequiresGrad) {
   auto net = std::make_shared<Net>();
   const Tensor w = net->fc1->weight;  // a second handle to the same parameter
