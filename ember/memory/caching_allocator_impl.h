@@ -47,11 +47,21 @@ struct FitKey {  // what a request looks for: the smallest block of at least `si
   int64_t size;
 };
 
-struct BlockOrder {  // best fit keyed on (stream, size, address)
+uint64_t segment_seq(const Block* b);  // below, once Segment is complete
+
+// Note [Address-free tie-break]
+// Best fit keyed on (stream, size, place), the place being (the segment's creation number, the address within it):
+// among free blocks of one size the oldest segment's lowest block wins. PyTorch breaks the tie by address, which makes
+// the allocator's choices depend on where the device or the OS put each segment: host mmap hands out decreasing
+// addresses, a simulated device (trace replay, the meta-device estimator) increasing ones, so the same allocation
+// sequence reserved 40 MiB on the host and 42 MiB in its replay. With the creation number, every backing makes the
+// same choices for the same sequence. On CUDA, whose addresses usually grow, the order is mostly PyTorch's.
+struct BlockOrder {
   using is_transparent = void;
   bool operator()(const Block* a, const Block* b) const {
     if (a->stream != b->stream) return a->stream < b->stream;
     if (a->size != b->size) return a->size < b->size;
+    if (a->segment != b->segment) return segment_seq(a) < segment_seq(b);
     return a->ptr < b->ptr;
   }
   bool operator()(const Block* a, const FitKey& k) const {
@@ -125,7 +135,10 @@ struct Segment {
   bool is_small = false;
   StreamId stream = 0;
   Block* head = nullptr;
+  uint64_t seq = 0;  // creation number (Note [Address-free tie-break])
 };
+
+inline uint64_t segment_seq(const Block* b) { return b->segment->seq; }
 
 inline int pool_index(bool is_small) { return is_small ? kSmallPool : kLargePool; }
 
@@ -172,6 +185,7 @@ struct CachingAllocator::Impl {
   uint64_t next_window_id = 1;
   uint64_t clock = 0;    // logical time for LRU
   uint64_t next_id = 1;  // allocation ids
+  uint64_t next_segment_seq = 0;
   TraceRing trace;
   bool trace_from_start = false;  // the trace was enabled while the allocator held nothing: it is the whole history
   bool explain_ooms = true;       // OutOfMemoryError messages replay allocations to check their advice

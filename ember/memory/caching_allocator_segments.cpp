@@ -33,6 +33,7 @@ Segment* CachingAllocator::Impl::add_segment(char* base, int64_t size, bool is_s
   seg->expandable = expandable;
   seg->is_small = is_small;
   seg->stream = stream;
+  seg->seq = next_segment_seq++;
   if (expandable) seg->page_mapped.assign(static_cast<size_t>(size / backing.page_size()), 0);
   Block* b = new_block();
   b->ptr = base;

@@ -534,8 +534,43 @@ struct Recorded {
 // A training-like workload: parameters, then steps of forward activations (mixed sizes, some above max_split_size),
 // a backward pass that frees them out of order while gradients appear, optimizer state on the first step and
 // temporaries freed in random order.
-Recorded record(const std::string& conf, uint64_t seed) {
-  CachingAllocator a(make_simulated_backing(kDevice, /*materialize=*/false), parse_alloc_config(conf));
+// An address-only device whose addresses run the other way: each range [p, p + n) of a simulated device is handed
+// out as [K - p - n, K - p) (an involution, so frees and page maps go back through the same formula). Segments thus
+// come at decreasing addresses, as host mmap gives them, where the simulated device (and so every replay) gives
+// increasing ones.
+class MirroredBacking final : public Backing {
+ public:
+  explicit MirroredBacking(int64_t capacity) : inner_(make_simulated_backing(capacity, /*materialize=*/false)) {}
+  std::string name() const override { return "mirrored " + inner_->name(); }
+  void* malloc(int64_t n) override { return mirror(inner_->malloc(n), n); }
+  void free(void* p, int64_t n) override { inner_->free(mirror(p, n), n); }
+  int64_t capacity() const override { return inner_->capacity(); }
+  int64_t available() const override { return inner_->available(); }
+  EventId record_event(StreamId s) override { return inner_->record_event(s); }
+  bool event_completed(EventId e) override { return inner_->event_completed(e); }
+  void release_event(EventId e) override { inner_->release_event(e); }
+  void synchronize() override { inner_->synchronize(); }
+  bool supports_expandable() const override { return inner_->supports_expandable(); }
+  int64_t page_size() const override { return inner_->page_size(); }
+  void* reserve_range(int64_t n) override { return mirror(inner_->reserve_range(n), n); }
+  bool map(void* p, int64_t n) override { return inner_->map(mirror(p, n), n); }
+  void unmap(void* p, int64_t n) override { inner_->unmap(mirror(p, n), n); }
+  void release_range(void* p, int64_t n) override { inner_->release_range(mirror(p, n), n); }
+  bool materialized() const override { return false; }
+
+ private:
+  static void* mirror(void* p, int64_t n) {
+    if (p == nullptr) return nullptr;
+    constexpr uint64_t kTop = uint64_t{1} << 60;  // a multiple of every page and alignment
+    return reinterpret_cast<void*>(kTop - reinterpret_cast<uint64_t>(p) - static_cast<uint64_t>(n));
+  }
+  std::unique_ptr<Backing> inner_;
+};
+
+Recorded record(const std::string& conf, uint64_t seed, bool mirrored = false) {
+  CachingAllocator a(mirrored ? std::unique_ptr<Backing>(std::make_unique<MirroredBacking>(kDevice))
+                              : std::unique_ptr<Backing>(make_simulated_backing(kDevice, /*materialize=*/false)),
+                     parse_alloc_config(conf));
   a.enable_trace(1 << 20);
   std::mt19937_64 rng(seed);
   Recorded r;
@@ -590,10 +625,11 @@ Recorded record(const std::string& conf, uint64_t seed) {
   return r;
 }
 
-void expect_exact_replay(const std::string& conf) {
+void expect_exact_replay(const std::string& conf, bool mirrored = false) {
   const uint64_t seed = ember::testing::test_seed();
-  std::printf("replay exactness \"%s\" seed=%llu\n", conf.c_str(), static_cast<unsigned long long>(seed));
-  const Recorded rec = record(conf, seed);
+  std::printf("replay exactness \"%s\"%s seed=%llu\n", conf.c_str(), mirrored ? " (decreasing addresses)" : "",
+              static_cast<unsigned long long>(seed));
+  const Recorded rec = record(conf, seed, mirrored);
   ASSERT_EQ(rec.ooms, 0) << "the workload must fit: replay does not see requests that failed";
   std::printf("  %zu events, peak reserved %lld, %lld segments freed\n", rec.events.size(),
               static_cast<long long>(rec.stats.reserved_bytes[kAggregatePool].peak),
@@ -640,6 +676,39 @@ TEST(ReplayExactness, MaxSplitSizeAndGarbageCollection) {
 TEST(ReplayExactness, RoundupDivisions) { expect_exact_replay("roundup_power2_divisions:4"); }
 
 TEST(ReplayExactness, ExpandableSegments) { expect_exact_replay("expandable_segments:True"); }
+
+// Note [Address-free tie-break], by hand. Two free 30 MiB blocks tie for a 30 MiB request: the rest of a 40 MiB
+// segment (the first made) after a 10 MiB block, and a whole 30 MiB segment. The older segment's block is taken, so
+// freeing the 10 MiB block leaves no 40 MiB piece and the last request maps a third segment: 110 MiB reserved,
+// whichever way the device's addresses run. (Broken by address, decreasing addresses took the 30 MiB segment, the
+// 40 MiB one merged whole, and the run reserved 70 MiB while its replay reserved 110.)
+TEST(ReplayExactness, TiesGoToTheOlderSegmentWhateverTheAddresses) {
+  for (const bool mirrored : {false, true}) {
+    CachingAllocator a(mirrored ? std::unique_ptr<Backing>(std::make_unique<MirroredBacking>(kDevice))
+                                : std::unique_ptr<Backing>(make_simulated_backing(kDevice, /*materialize=*/false)));
+    a.enable_trace(1024);
+    void* first = a.allocate(40 * MiB);
+    void* second = a.allocate(30 * MiB);
+    a.deallocate(first);
+    void* small = a.allocate(10 * MiB);  // split from the 40 MiB block: [10 used][30 free]
+    a.deallocate(second);                 // a whole 30 MiB segment, free
+    void* tie = a.allocate(30 * MiB);
+    a.deallocate(small);
+    void* big = a.allocate(40 * MiB);
+    EXPECT_EQ(a.device_stats().reserved_bytes[kAggregatePool].peak, 110 * MiB) << "mirrored " << mirrored;
+    EXPECT_EQ(replay_trace(a.trace(), a.config()).peak_reserved, 110 * MiB) << "mirrored " << mirrored;
+    a.deallocate(tie);
+    a.deallocate(big);
+  }
+}
+
+// The same over a training-like workload: a recording whose device hands out segments at decreasing addresses (host
+// mmap) replays exactly on the simulated device, whose addresses increase.
+TEST(ReplayExactness, DecreasingSegmentAddresses) {
+  expect_exact_replay("", /*mirrored=*/true);
+  expect_exact_replay("max_split_size_mb:40,garbage_collection_threshold:0.5,capacity:768MiB", /*mirrored=*/true);
+  expect_exact_replay("expandable_segments:True", /*mirrored=*/true);
+}
 
 // ---- bytes from before the trace, equal large times, the "other owners" count -------------------------------------
 
