@@ -75,7 +75,7 @@ int run(const std::string& dir) {
 
   const std::vector<TraceEvent> events = a.trace();
   const DeviceStats s = a.device_stats();
-  const TraceFileOptions options{a.config().str(), a.name()};
+  const TraceFileOptions options{a.config().explicit_str(), a.name()};
   write_trace_file(dir + "/trace.json", events, options);
   write_trace_file(dir + "/trace.jsonl", events, options);
   nlohmann::ordered_json expected = {{"alloc_conf", options.alloc_conf},

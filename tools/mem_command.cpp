@@ -35,7 +35,9 @@ struct MemArgs {
   // summary
   std::string top = "10";
   // replay / compare
-  std::vector<std::string> confs;
+  std::vector<std::string> confs;  // compare: one per configuration
+  std::string replay_conf;         // replay: one configuration
+  bool replay_conf_given = false;
   std::string capacity;
   // html
   std::string output;
@@ -98,10 +100,21 @@ ordered_json replay_json(const memory::ReplayResult& r, const std::string& sourc
   j["num_device_allocs"] = r.num_device_allocs;
   j["num_allocs"] = r.num_allocs;
   j["largest_free_block_at_peak"] = r.largest_free_block_at_peak;
+  j["allowed"] = r.allowed == memory::kNoLimit ? ordered_json(nullptr) : ordered_json(r.allowed);
   return j;
 }
 
 std::string conf_label(const std::string& conf) { return conf.empty() ? "(defaults)" : conf; }
+
+// A --conf string means what it means in EMBER_ALLOC_CONF: it is read over ember's defaults (expandable segments on).
+// A recorded configuration is read as written (AllocatorConfig::str() spells out every difference from PyTorch's).
+memory::AllocatorConfig user_conf(const std::string& text) {
+  return memory::parse_alloc_config(text, memory::ember_default_config());
+}
+
+std::string allowed_label(int64_t allowed) {
+  return allowed == memory::kNoLimit ? std::string() : " (allowed " + memory::format_bytes(allowed) + ")";
+}
 
 // ---- summary -------------------------------------------------------------------------------------------------------
 
@@ -174,19 +187,18 @@ void run_summary(const CLI::App* cmd, const MemArgs& a) {
 
 void run_replay(const CLI::App* cmd, const MemArgs& a) {
   reject_extras(cmd);
-  EMBER_CHECK(a.confs.size() <= 1, ValueError, "mem replay: --conf given ", a.confs.size(),
-              " times (ember mem compare replays several configurations)");
   const memory::TraceFile f = load(cmd, a);
   std::string conf, source = "defaults";
-  if (!a.confs.empty()) {
-    conf = a.confs.front();
+  if (a.replay_conf_given) {
+    conf = a.replay_conf;
     source = "--conf";
   } else if (f.has_options) {
     conf = f.options.alloc_conf;
     source = "recorded";
   }
   const int64_t capacity = capacity_of(a);
-  const memory::ReplayResult r = memory::replay_trace(f.events, memory::parse_alloc_config(conf), capacity);
+  const memory::AllocatorConfig config = source == "--conf" ? user_conf(conf) : memory::parse_alloc_config(conf);
+  const memory::ReplayResult r = memory::replay_trace(f.events, config, capacity);
   if (a.json) {
     ordered_json j;
     j["trace"] = a.trace;
@@ -196,9 +208,10 @@ void run_replay(const CLI::App* cmd, const MemArgs& a) {
     std::printf("%s\n", dump(j).c_str());
     return;
   }
-  std::printf("replay of %s (%zu events) under %s [%s]%s%s\n", a.trace.c_str(), f.events.size(),
-              conf_label(r.config).c_str(), source.c_str(), capacity == memory::kNoLimit ? "" : " on a device of ",
-              capacity == memory::kNoLimit ? "" : memory::format_bytes(capacity).c_str());
+  std::printf("replay of %s (%zu events) under %s [%s]%s%s%s\n", a.trace.c_str(), f.events.size(),
+              config.explicit_str().c_str(), source.c_str(), capacity == memory::kNoLimit ? "" : " on a device of ",
+              capacity == memory::kNoLimit ? "" : memory::format_bytes(capacity).c_str(),
+              allowed_label(r.allowed).c_str());
   std::printf("  peak allocated %s, peak reserved %s, fragmentation %.1f%%\n",
               memory::format_bytes(r.peak_allocated).c_str(), memory::format_bytes(r.peak_reserved).c_str(),
               100.0 * r.fragmentation);
@@ -210,11 +223,12 @@ void run_replay(const CLI::App* cmd, const MemArgs& a) {
 
 void run_compare(const CLI::App* cmd, const MemArgs& a) {
   reject_extras(cmd);
-  EMBER_CHECK(!a.confs.empty(), ValueError, "mem compare: give the configurations with --conf A --conf B ...");
+  EMBER_CHECK(a.confs.size() >= 2, ValueError, "mem compare: give two or more configurations, --conf A --conf B ... "
+              "(got ", a.confs.size(), "; ember mem replay replays one)");
   const memory::TraceFile f = load(cmd, a);
   const int64_t capacity = capacity_of(a);
   std::vector<memory::AllocatorConfig> configs;  // all parsed before any replay: a bad one fails at once
-  for (const std::string& c : a.confs) configs.push_back(memory::parse_alloc_config(c));
+  for (const std::string& c : a.confs) configs.push_back(user_conf(c));
   std::vector<memory::ReplayResult> results;
   for (const memory::AllocatorConfig& c : configs) results.push_back(memory::replay_trace(f.events, c, capacity));
 
@@ -234,18 +248,19 @@ void run_compare(const CLI::App* cmd, const MemArgs& a) {
         (results[i].num_ooms == results[best].num_ooms && results[i].peak_reserved < results[best].peak_reserved))
       best = i;
   size_t width = 6;
-  for (const memory::ReplayResult& r : results) width = std::max(width, conf_label(r.config).size());
+  for (const memory::AllocatorConfig& c : configs) width = std::max(width, c.explicit_str().size());
   std::printf("replays of %s (%zu events)%s%s; * = fewest OOMs, then least reserved\n", a.trace.c_str(),
               f.events.size(), capacity == memory::kNoLimit ? "" : " on a device of ",
               capacity == memory::kNoLimit ? "" : memory::format_bytes(capacity).c_str());
-  std::printf("  %-*s  %14s  %14s  %8s  %6s  %13s\n", static_cast<int>(width), "config", "peak allocated",
-              "peak reserved", "frag", "OOMs", "device allocs");
+  std::printf("  %-*s  %14s  %14s  %8s  %6s  %13s  %10s\n", static_cast<int>(width), "config", "peak allocated",
+              "peak reserved", "frag", "OOMs", "device allocs", "allowed");
   for (size_t i = 0; i < results.size(); ++i) {
     const memory::ReplayResult& r = results[i];
-    std::printf("%c %-*s  %14s  %14s  %7.1f%%  %6lld  %13lld\n", i == best ? '*' : ' ', static_cast<int>(width),
-                conf_label(r.config).c_str(), memory::format_bytes(r.peak_allocated).c_str(),
+    std::printf("%c %-*s  %14s  %14s  %7.1f%%  %6lld  %13lld  %10s\n", i == best ? '*' : ' ', static_cast<int>(width),
+                configs[i].explicit_str().c_str(), memory::format_bytes(r.peak_allocated).c_str(),
                 memory::format_bytes(r.peak_reserved).c_str(), 100.0 * r.fragmentation,
-                static_cast<long long>(r.num_ooms), static_cast<long long>(r.num_device_allocs));
+                static_cast<long long>(r.num_ooms), static_cast<long long>(r.num_device_allocs),
+                r.allowed == memory::kNoLimit ? "-" : memory::format_bytes(r.allowed).c_str());
   }
 }
 
@@ -322,15 +337,21 @@ void add_mem_command(CLI::App& app) {
 
   CLI::App* replay = mem->add_subcommand("replay", "replay the trace through a fresh allocator");
   add_trace(replay);
-  replay->add_option("--conf", args->confs, "EMBER_ALLOC_CONF string (default: the trace's recorded one, else "
-                                            "the defaults)")
-      ->allow_extra_args(false);
+  CLI::Option* replay_conf =
+      replay->add_option("--conf", args->replay_conf,
+                         "an EMBER_ALLOC_CONF string, read as the variable is (over ember's defaults; default: the "
+                         "trace's recorded configuration, else the defaults; ember mem compare takes several)");
   replay->add_option("--capacity", args->capacity, "simulated device size, e.g. 6GiB (default: unbounded)");
-  replay->callback([args, replay] { guarded("replay", [&] { run_replay(replay, *args); }); });
+  replay->callback([args, replay, replay_conf] {
+    args->replay_conf_given = replay_conf->count() > 0;
+    guarded("replay", [&] { run_replay(replay, *args); });
+  });
 
   CLI::App* compare = mem->add_subcommand("compare", "replay the trace under several configurations, side by side");
   add_trace(compare);
-  compare->add_option("--conf", args->confs, "EMBER_ALLOC_CONF string; repeat for each configuration")
+  compare->add_option("--conf", args->confs,
+                      "an EMBER_ALLOC_CONF string, read as the variable is (over ember's defaults); repeat for each "
+                      "configuration (two or more)")
       ->allow_extra_args(false);
   compare->add_option("--capacity", args->capacity, "simulated device size, e.g. 6GiB (default: unbounded)");
   compare->callback([args, compare] { guarded("compare", [&] { run_compare(compare, *args); }); });

@@ -42,11 +42,11 @@ set_tests_properties(tools.mem_replay_capacity PROPERTIES PASS_REGULAR_EXPRESSIO
 _mem_test(compare_json COMMAND ember_cli mem compare ${_mem_dir}/trace.json --conf expandable_segments:False
   --conf expandable_segments:True --json)
 set_tests_properties(tools.mem_compare_json PROPERTIES PASS_REGULAR_EXPRESSION
-  "^{\"trace\":\"[^\"]*trace.json\",\"capacity\":null,\"results\":\\[{\"config\":\"\",[^]]*},{\"config\":\"expandable_segments:True\",[^]]*\"peak_reserved_bytes\":[1-9][^]]*}\\]}")
+  "^{\"trace\":\"[^\"]*trace.json\",\"capacity\":null,\"results\":\\[{\"config\":\"expandable_segments:False\",[^]]*},{\"config\":\"expandable_segments:True\",[^]]*\"peak_reserved_bytes\":[1-9][^]]*}\\]}")
 _mem_test(compare_table COMMAND ember_cli mem compare ${_mem_dir}/trace.jsonl --conf max_split_size_mb:40
   --conf roundup_power2_divisions:4 --capacity 1GiB)
 set_tests_properties(tools.mem_compare_table PROPERTIES PASS_REGULAR_EXPRESSION
-  "config +peak allocated +peak reserved.*\n[* ] max_split_size_mb:40 .*\n[* ] roundup_power2_divisions:4 ")
+  "config +peak allocated +peak reserved.*\n[* ] max_split_size_mb:40,expandable_segments:True .*\n[* ] roundup_power2_divisions:4,expandable_segments:True ")
 
 # html: writes the page (checked in Chromium below).
 _mem_test(html COMMAND ember_cli mem html ${_mem_dir}/trace.json -o ${_mem_dir}/timeline.html --title "test <run>" --json)

@@ -286,7 +286,11 @@ AllocatorConfig parse_alloc_config(const std::string& text, const AllocatorConfi
   return cfg;
 }
 
-std::string AllocatorConfig::str() const {
+std::string AllocatorConfig::str() const { return spelled(false); }
+
+std::string AllocatorConfig::explicit_str() const { return spelled(true); }
+
+std::string AllocatorConfig::spelled(bool explicit_expandable) const {
   const AllocatorConfig def;
   std::vector<std::string> parts;
   if (max_split_size != def.max_split_size) parts.push_back(cat("max_split_size_mb:", max_split_size / kMiB));
@@ -312,7 +316,7 @@ std::string AllocatorConfig::str() const {
   }
   if (garbage_collection_threshold != def.garbage_collection_threshold)
     parts.push_back(cat("garbage_collection_threshold:", fmt_double(garbage_collection_threshold)));
-  if (expandable_segments != def.expandable_segments)
+  if (expandable_segments != def.expandable_segments || explicit_expandable)
     parts.push_back(std::string("expandable_segments:") + (expandable_segments ? "True" : "False"));
   if (capacity != def.capacity) parts.push_back(cat("capacity:", fmt_bytes_exact(capacity)));
   if (memory_fraction != def.memory_fraction)

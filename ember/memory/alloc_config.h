@@ -38,7 +38,16 @@ struct AllocatorConfig {
 
   // Divisions that apply to a request of `size` bytes (0 or 1 = no power-of-two rounding).
   int64_t divisions_for(int64_t size) const;
-  std::string str() const;  // the canonical "key:value,..." form of every non-default setting
+
+ private:
+  std::string spelled(bool explicit_expandable) const;
+
+ public:
+  std::string str() const;  // the canonical "key:value,..." form of every setting that differs from PyTorch's defaults
+  // str() with expandable_segments always spelled out — the one default ember and PyTorch do not share — so the
+  // string means this configuration whether it is read over PyTorch's defaults (parse_alloc_config) or over ember's
+  // (EMBER_ALLOC_CONF, `ember mem replay --conf`). What ember writes for a reader to paste back.
+  std::string explicit_str() const;
 };
 
 // Parses `text` on top of `base` (keys not mentioned keep base's values). AllocatorConfig{} holds PyTorch's defaults.

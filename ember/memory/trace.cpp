@@ -518,11 +518,13 @@ void write_trace_file(const std::string& path, const std::vector<TraceEvent>& ev
 ReplayResult replay_trace(const std::vector<TraceEvent>& events, const AllocatorConfig& config, int64_t capacity) {
   // An address-only device; the simulated backing treats kNoLimit as unbounded (its accounting cannot overflow).
   EMBER_CHECK(capacity > 0, ValueError, "replay_trace: capacity must be positive, got ", capacity);
-  CachingAllocator alloc(make_simulated_backing(capacity, /*materialize=*/false), config, "replay");
+  const int64_t device = capacity == kNoLimit ? config.capacity : capacity;
+  CachingAllocator alloc(make_simulated_backing(device, /*materialize=*/false), config, "replay");
   alloc.set_oom_explanations(false);  // replayed OOMs are counted, not explained
 
   ReplayResult r;
-  r.config = config.str();
+  r.config = config.explicit_str();
+  r.allowed = alloc.allowed_memory();
   std::unordered_map<uint64_t, void*> live;
   live.reserve(1024);
   int64_t highest_reserved = 0;

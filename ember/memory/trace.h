@@ -116,11 +116,14 @@ struct ReplayResult {
   int64_t num_device_allocs = 0;
   int64_t num_allocs = 0;
   int64_t largest_free_block_at_peak = 0;
+  int64_t allowed = kNoLimit;  // the memory the replaying allocator could use (device x fraction, capped)
   std::string config;  // the configuration replayed
 };
 
 // Replays the alloc/free events of a trace through a fresh CachingAllocator over an address-only simulated device
-// of `capacity` bytes (kNoLimit = unbounded) under `config`; an empty_cache event calls empty_cache() on it. Frees of
+// of `capacity` bytes under `config`; an empty_cache event calls empty_cache() on it. capacity = kNoLimit: a device
+// of the config's `capacity` when it sets one (as EMBER_ALLOC_CONF's capacity makes the host a device of that size,
+// per_process_memory_fraction then applying to it), else unbounded. Frees of
 // ids that failed or were never allocated are ignored; allocations that fail are counted as OOMs and the replay
 // continues. Exact for traces on one stream: a block freed while another stream used it (record_stream) is reused at
 // once in a replay (the trace has no event for the other stream's completion), so a replay can reserve less.

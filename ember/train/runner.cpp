@@ -405,7 +405,7 @@ void TrainRunner::Impl::stop_trace() {
   std::string written;
   if (!o.trace_path.empty()) {
     memory::TraceFileOptions fo;
-    fo.alloc_conf = memory::effective_config(*caching).str();  // `ember mem replay` replays under this policy
+    fo.alloc_conf = memory::effective_config(*caching).explicit_str();  // `ember mem replay` replays under this policy
     fo.allocator = caching->name();
     memory::write_trace_file(o.trace_path, events, fo);  // Chrome JSON, or JSON Lines for .jsonl
     written += " " + o.trace_path;

@@ -121,8 +121,8 @@ SystemInfo system_info() {
     s.alloc_conf_env = env;
   }
   try {
-    s.alloc_conf_effective = memory::alloc_config_from_env().str();
-    s.cpu_allocator_conf = memory::effective_config(memory::cpu_allocator()).str();
+    s.alloc_conf_effective = memory::alloc_config_from_env().explicit_str();
+    s.cpu_allocator_conf = memory::effective_config(memory::cpu_allocator()).explicit_str();
   } catch (const Error& e) {
     s.alloc_conf_error = e.what();
   }

@@ -361,6 +361,21 @@ TEST(AllocConfig, StrIsCanonical) {
   EXPECT_EQ(parse_alloc_config("backend:native,expandable_segments:False").str(), "");
 }
 
+// explicit_str() means the same configuration over PyTorch's defaults and over ember's (which turn expandable
+// segments on): str() of a fixed-segment configuration, read as EMBER_ALLOC_CONF, would not.
+TEST(AllocConfig, ExplicitStrMeansTheSameOverEitherDefaults) {
+  for (const char* text : {"", "expandable_segments:False,capacity:48MiB", "expandable_segments:True",
+                           "max_split_size_mb:40,garbage_collection_threshold:0.5"}) {
+    const AllocatorConfig c = parse_alloc_config(text);
+    const std::string s = c.explicit_str();
+    EXPECT_NE(s.find("expandable_segments:"), std::string::npos) << s;
+    EXPECT_EQ(parse_alloc_config(s).str(), c.str()) << s;
+    EXPECT_EQ(parse_alloc_config(s, ember_default_config()).str(), c.str()) << s;
+  }
+  EXPECT_EQ(parse_alloc_config("capacity:48MiB").explicit_str(), "expandable_segments:False,capacity:48MiB");
+  EXPECT_TRUE(parse_alloc_config(parse_alloc_config("capacity:48MiB").str(), ember_default_config()).expandable_segments);
+}
+
 TEST(AllocConfig, StrRoundTrips) {
   const char* texts[] = {
       "max_split_size_mb:21",

@@ -449,7 +449,7 @@ TEST(TraceReplay, SmallPoolBlockIsReused) {
   EXPECT_EQ(r.largest_free_block_at_peak, MiB);  // the other half of the 2 MiB segment
   EXPECT_EQ(r.num_ooms, 0);
   EXPECT_EQ(r.first_oom_index, -1);
-  EXPECT_EQ(r.config, AllocatorConfig{}.str());
+  EXPECT_EQ(r.config, AllocatorConfig{}.explicit_str());
 }
 
 TEST(TraceReplay, RequestsRoundTo512Bytes) {
@@ -634,6 +634,26 @@ TEST(TraceReplay, EmptyCacheEventIsReplayed) {
   ASSERT_EQ(back.size(), events.size());
   EXPECT_EQ(back[at].action, TraceAction::EmptyCache);
   EXPECT_EQ(replay_trace(back, a->config()).peak_reserved, 40 * MiB);
+}
+
+// A configuration's capacity makes the replay a device of that size, as EMBER_ALLOC_CONF's makes the host one, so
+// per_process_memory_fraction applies to it: 30 + 40 MiB live fit 100 MiB, not half of it.
+TEST(TraceReplay, ConfigCapacityIsTheDeviceTheFractionAppliesTo) {
+  auto a = std::make_unique<CachingAllocator>(make_simulated_backing(int64_t{16} << 30, /*materialize=*/false));
+  a->enable_trace(1024);
+  void* x = a->allocate(30 * MiB);
+  void* y = a->allocate(40 * MiB);
+  a->deallocate(y);
+  a->deallocate(x);
+  const ReplayResult whole = replay_trace(a->trace(), parse_alloc_config("capacity:100MiB"));
+  EXPECT_EQ(whole.allowed, 100 * MiB);
+  EXPECT_EQ(whole.num_ooms, 0);
+  const ReplayResult half = replay_trace(a->trace(), parse_alloc_config("capacity:100MiB,per_process_memory_fraction:0.5"));
+  EXPECT_EQ(half.allowed, 50 * MiB);
+  EXPECT_EQ(half.num_ooms, 1);
+  EXPECT_EQ(replay_trace(a->trace(), AllocatorConfig{}).allowed, kNoLimit);
+  // An explicit device size still wins, the configuration's capacity capping it.
+  EXPECT_EQ(replay_trace(a->trace(), parse_alloc_config("capacity:100MiB"), 80 * MiB).allowed, 80 * MiB);
 }
 
 // A hostile trace: a required key holding an array nested 100000 deep. The error names the key and the value's type
