@@ -269,8 +269,9 @@ void CachingAllocator::Impl::throw_oom(int64_t requested, int64_t rounded, Strea
   f.reserved = stats.reserved_bytes[kAggregatePool].current;
   for (BlockPool* pool : {&small_pool, &large_pool})
     for (Block* b : pool->blocks) {
-      f.largest_free = std::max(f.largest_free, held_bytes(b));
-      ++f.free_blocks;
+      const int64_t held = held_bytes(b);  // an unmapped hole of an expandable segment holds nothing
+      f.largest_free = std::max(f.largest_free, held);
+      f.free_blocks += held > 0;
     }
   f.config = config;
   if (!explain_ooms) {

@@ -73,7 +73,7 @@ struct DeviceStats {
 // The four named fragmentation metrics (docs/memory.md) plus the largest free block.
 struct FragmentationMetrics {
   int64_t cache_slack = 0;            // reserved - allocated: cached, not in use
-  int64_t inactive_split_bytes = 0;   // free bytes stranded inside split segments
+  int64_t inactive_split_bytes = 0;   // free bytes stranded inside split segments (mapped bytes only: <= cache_slack)
   int64_t rounding_waste = 0;         // allocated - requested: lost to size rounding
   double peak_fragmentation = 0.0;    // 1 - peak_active / peak_reserved since the last reset
   int64_t largest_free_block = 0;     // biggest single request the cache could serve without the backing (a free

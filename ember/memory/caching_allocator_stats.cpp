@@ -85,13 +85,19 @@ FragmentationMetrics CachingAllocator::fragmentation() const {
   const DeviceStats& s = impl_->stats;
   FragmentationMetrics f;
   f.cache_slack = s.reserved_bytes[kAggregatePool].current - s.allocated_bytes[kAggregatePool].current;
-  f.inactive_split_bytes = s.inactive_split_bytes[kAggregatePool].current;
   f.rounding_waste = s.allocated_bytes[kAggregatePool].current - s.requested_bytes[kAggregatePool].current;
   const int64_t pr = impl_->peak_reserved_bytes_since_reset;
   f.peak_fragmentation =
       pr > 0 ? 1.0 - static_cast<double>(impl_->peak_active_bytes_since_reset) / static_cast<double>(pr) : 0.0;
+  // Counted by walking the pools rather than from the inactive_split_bytes counter (PyTorch's, whole block sizes): a
+  // free block of an expandable segment holds only its mapped pages, so a hole unmapped by empty_cache strands
+  // nothing, and the stranded bytes stay within the slack.
   for (const BlockPool* pool : {&impl_->small_pool, &impl_->large_pool})
-    for (const Block* b : pool->blocks) f.largest_free_block = std::max(f.largest_free_block, impl_->held_bytes(b));
+    for (const Block* b : pool->blocks) {
+      const int64_t held = impl_->held_bytes(b);
+      f.largest_free_block = std::max(f.largest_free_block, held);
+      if (Impl::is_inactive_split(b)) f.inactive_split_bytes += held;
+    }
   return f;
 }
 

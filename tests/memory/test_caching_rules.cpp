@@ -377,6 +377,28 @@ TEST(CachingStats, PeakFragmentation) {
   EXPECT_DOUBLE_EQ(a->fragmentation().peak_fragmentation, 1.0);
 }
 
+// A hole that empty_cache unmapped from an expandable segment holds no memory: it is neither stranded split memory
+// nor a free block worth counting, so the stranded bytes stay within the cache slack.
+TEST(CachingStats, UnmappedHoleIsNotStranded) {
+  auto a = make_allocator(GiB, "expandable_segments:True");
+  void* x = a->allocate(4 * MiB);
+  void* y = a->allocate(4 * MiB);
+  void* z = a->allocate(4 * MiB);
+  a->deallocate(y);
+  FragmentationMetrics f = a->fragmentation();
+  EXPECT_EQ(f.inactive_split_bytes, 4 * MiB);  // mapped, cached between two live blocks
+  EXPECT_EQ(f.cache_slack, 4 * MiB);
+  a->empty_cache();
+  f = a->fragmentation();
+  EXPECT_EQ(a->stats().reserved_bytes, 8 * MiB);
+  EXPECT_EQ(f.cache_slack, 0);
+  EXPECT_EQ(f.inactive_split_bytes, 0);
+  EXPECT_EQ(f.largest_free_block, 0);
+  a->deallocate(x);
+  a->deallocate(z);
+  EXPECT_EQ(verify_caching_allocator(*a), "");
+}
+
 // ---- trace --------------------------------------------------------------------------------------------------
 
 TEST(CachingTrace, EventsCarryActionsAndIds) {
