@@ -52,6 +52,7 @@ struct Verifier {
     const AllocatorConfig cfg = a.config();
     const int64_t page = a.backing().page_size();
     Recount rc[kNumStatPools];
+    int64_t fixed_split_bytes = 0;  // free split bytes of fixed segments
     int64_t oversize_allocs = 0, oversize_segs = 0, fixed_segments = 0, largest_free = 0,
             largest_fixed_free = 0;
     std::unordered_map<uint64_t, const BlockSnapshot*> live_blocks;
@@ -100,11 +101,13 @@ struct Verifier {
           // A free block of an expandable segment counts only its mapped pages, which the snapshot does not list:
           // the metric lies between the largest fixed-segment free block and the largest free block.
           if (!s.expandable) largest_fixed_free = std::max(largest_fixed_free, b.size);
-          if (split)
+          if (split) {
             for (int p : pools) {
               ++rc[p].inactive_split;
               rc[p].inactive_split_bytes += b.size;
             }
+            if (!s.expandable) fixed_split_bytes += b.size;  // wholly mapped
+          }
           continue;
         }
         last_alloc_end = static_cast<int64_t>(b.addr - s.addr) + b.size;
@@ -200,7 +203,10 @@ struct Verifier {
     if (simple.allocated_bytes != rc[0].allocated || simple.reserved_bytes != rc[0].reserved)
       return err << "stats() disagrees with the recount", err.str();
     const FragmentationMetrics f = a.fragmentation();
-    if (f.cache_slack != rc[0].reserved - rc[0].allocated || f.inactive_split_bytes != rc[0].inactive_split_bytes ||
+    // Stranded split bytes count mapped pages only (not in the snapshot): between the fixed segments' free split
+    // bytes and every free split block's size, and never above the slack.
+    if (f.cache_slack != rc[0].reserved - rc[0].allocated || f.inactive_split_bytes > rc[0].inactive_split_bytes ||
+        f.inactive_split_bytes < fixed_split_bytes || f.inactive_split_bytes > f.cache_slack ||
         f.rounding_waste != rc[0].allocated - rc[0].requested || f.largest_free_block > largest_free ||
         f.largest_free_block < largest_fixed_free)
       return err << "fragmentation metrics disagree with the recount", err.str();
