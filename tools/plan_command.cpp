@@ -32,6 +32,7 @@ void run_plan(const PlanArgs& a) {
   o.model = a.model;
   o.batch = a.batch;
   o.budget_bytes = memory::parse_bytes(a.budget, "--budget");
+  EMBER_CHECK(o.budget_bytes > 0, ValueError, "--budget must be more than 0 bytes, got \"", a.budget, "\"");
   o.amps = a.amps;
   o.checkpoints = a.checkpoints;
   o.max_grad_accum = a.max_grad_accum;

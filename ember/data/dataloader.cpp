@@ -27,8 +27,10 @@ namespace ember::data {
 
 namespace {
 
-// Rethrows `error` as the same ember error type with `context` in front of its message (other exception types are
-// rethrown unchanged, since their type cannot be rebuilt).
+// Rethrows `error` as the same ember error type with `context` in front of its message. Another std::exception (a
+// user's std::runtime_error, std::out_of_range, ...) cannot be rebuilt with a new message, so it becomes an ember
+// Error (a std::runtime_error) carrying the context and the original message, as PyTorch re-raises a worker's error
+// it cannot rebuild as RuntimeError; anything that is not a std::exception is rethrown unchanged.
 template <class E, class... Rest>
 [[noreturn]] void rethrow_as(const std::exception_ptr& error, const std::string& context) {
   try {
@@ -44,6 +46,8 @@ template <class E, class... Rest>
       try {
         std::rethrow_exception(error);
       } catch (const Error& e) {
+        throw Error(context + e.what());
+      } catch (const std::exception& e) {
         throw Error(context + e.what());
       }
     }

@@ -76,6 +76,13 @@ bool parse_int(std::string_view s, int64_t& out) {
   return ec == std::errc() && p == s.data() + s.size();
 }
 
+// Why a value is not accepted as a number: negative values are named as such (every numeric key is >= 0).
+std::string number_problem(std::string_view value, const char* expected) {
+  const std::string_view t = trim(value);
+  if (!t.empty() && t.front() == '-') return cat("\"", value, "\" is negative");
+  return cat("\"", value, "\" is not ", expected);
+}
+
 bool parse_double(std::string_view s, double& out) {
   s = trim(s);
   if (s.empty() || !(std::isdigit(static_cast<unsigned char>(s.front())) || s.front() == '.')) return false;
@@ -120,7 +127,7 @@ void parse_roundup(const std::string& text, std::string_view key, std::string_vi
   div.assign(AllocatorConfig::kRoundupIntervals, 0);
   if (value.front() != '[') {
     int64_t n = 0;
-    if (!parse_int(value, n)) bad(text, key, cat("\"", value, "\" is not a whole number"), accepted);
+    if (!parse_int(value, n)) bad(text, key, number_problem(value, "a whole number"), accepted);
     if (!is_pow2(n) || n > kMaxDivisions) bad(text, key, cat(n, " is not a power of two up to 2^30"), accepted);
     std::fill(div.begin(), div.end(), n);
     return;
@@ -231,7 +238,7 @@ AllocatorConfig parse_alloc_config(const std::string& text, const AllocatorConfi
           "splittable), e.g. max_split_size_mb:128";
       int64_t mb = 0;
       if (!parse_int(value, mb))
-        bad(text, key, cat("\"", value, "\" is not a whole number (that fits in 64 bits)"), acc);
+        bad(text, key, number_problem(value, "a whole number (that fits in 64 bits)"), acc);
       if (mb <= 20) bad(text, key, cat(mb, " is too small"), acc);
       cfg.max_split_size = mb > kNoLimit / kMiB ? kNoLimit : mb * kMiB;  // beyond int64: no limit, as PyTorch clamps
     } else if (key == "roundup_power2_divisions") {
@@ -239,7 +246,7 @@ AllocatorConfig parse_alloc_config(const std::string& text, const AllocatorConfi
     } else if (key == "garbage_collection_threshold") {
       const std::string acc = "a fraction F with 0 < F < 1, e.g. garbage_collection_threshold:0.8";
       double f = 0;
-      if (!parse_double(value, f)) bad(text, key, cat("\"", value, "\" is not a number"), acc);
+      if (!parse_double(value, f)) bad(text, key, number_problem(value, "a number"), acc);
       if (!(f > 0.0 && f < 1.0)) bad(text, key, cat(value, " is out of range"), acc);
       cfg.garbage_collection_threshold = f;
     } else if (key == "expandable_segments") {
@@ -260,7 +267,7 @@ AllocatorConfig parse_alloc_config(const std::string& text, const AllocatorConfi
     } else if (key == "per_process_memory_fraction") {
       const std::string acc = "a fraction F with 0 < F <= 1, e.g. per_process_memory_fraction:0.5";
       double f = 0;
-      if (!parse_double(value, f)) bad(text, key, cat("\"", value, "\" is not a number"), acc);
+      if (!parse_double(value, f)) bad(text, key, number_problem(value, "a number"), acc);
       if (!(f > 0.0 && f <= 1.0)) bad(text, key, cat(value, " is out of range"), acc);
       cfg.memory_fraction = f;
     } else if (key == "pinned_use_cuda_host_register") {
@@ -270,7 +277,7 @@ AllocatorConfig parse_alloc_config(const std::string& text, const AllocatorConfi
       const std::string acc = "a power of two from 1 to 128, e.g. pinned_num_register_threads:8";
       int64_t n = 0;
       if (!parse_int(value, n))
-        bad(text, key, cat("\"", value, "\" is not a whole number (that fits in 64 bits)"), acc);
+        bad(text, key, number_problem(value, "a whole number (that fits in 64 bits)"), acc);
       if (!is_pow2(n) || n > kMaxRegisterThreads) bad(text, key, cat(n, " is not allowed"), acc);
       cfg.pinned_num_register_threads = static_cast<int>(n);
     } else {  // backend

@@ -129,12 +129,13 @@ struct BatchFinderResult {
   std::string to_string() const;  // a short table of the trials and the result
 };
 
-// Finds the largest batch in [min_batch, max_batch] whose trial step fits. `trial(b)` runs one real training step at
-// batch b (forward, backward, optimizer step) and throws OutOfMemoryError when it does not fit; its other exceptions
-// propagate (after restore). Search (Note [Batch search]): the estimator's pick (or start_batch) first; from a
-// success, galloping up (+1, +2, +4, ... with an estimate; doubling without) until an OOM; from an OOM, galloping down
-// the same way until a success; then bisection between the last success and the first OOM. The allocator's cache is
-// emptied before every trial. Assumes fitting is monotone in the batch.
+// Finds the largest batch in [min_batch, max_batch] whose trial step fits. `trial(b)` runs real training steps at
+// batch b (forward, backward, optimizer step; two, so that the second runs with the optimizer state the first created
+// and on the cache it left — Note [Two steps per trial] in runner.cpp) and throws OutOfMemoryError when they do not
+// fit; its other exceptions propagate (after restore). Search (Note [Batch search]): the estimator's pick (or
+// start_batch) first; from a success, galloping up (+1, +2, +4, ... with an estimate; doubling without) until an OOM;
+// from an OOM, galloping down the same way until a success; then bisection between the last success and the first
+// OOM. The allocator's cache is emptied before every trial. Assumes fitting is monotone in the batch.
 BatchFinderResult find_batch_size(const std::function<void(int64_t batch)>& trial, const BatchFinderOptions& options);
 
 }  // namespace ember::train

@@ -188,7 +188,8 @@ void TrainRunner::Impl::validate() {
   EMBER_CHECK(o.grad_accum >= 1, ValueError, "--grad-accum must be >= 1, got ", o.grad_accum);
   EMBER_CHECK(o.auto_batch || o.batch_size == 0 || o.batch_size % o.grad_accum == 0, ValueError, "--grad-accum ",
               o.grad_accum, " does not divide --batch-size ", o.batch_size);
-  EMBER_CHECK(o.max_batch >= 1, ValueError, "the batch search's largest batch must be >= 1, got ", o.max_batch);
+  EMBER_CHECK(o.max_batch >= 1, ValueError, "--max-batch (the largest batch the search tries) must be >= 1, got ",
+              o.max_batch);
   EMBER_CHECK(o.batch_headroom >= 0.0 && o.batch_headroom <= 0.5, ValueError,
               "--batch-headroom must be a fraction in [0, 0.5], got ", o.batch_headroom);
   EMBER_CHECK(o.max_memory >= 0, ValueError, "--max-memory must be >= 0 bytes, got ", o.max_memory);
