@@ -112,6 +112,17 @@ memory::AllocatorConfig user_conf(const std::string& text) {
   return memory::parse_alloc_config(text, memory::ember_default_config());
 }
 
+// Requests that failed while recording (oom events) are not replayed: the replay cannot say whether another setting
+// would have served them, only how the requests that succeeded behave. Said after the replay's numbers.
+void note_recorded_ooms(const memory::TraceFile& f) {
+  int64_t ooms = 0;
+  for (const memory::TraceEvent& e : f.events) ooms += e.action == memory::TraceAction::Oom;
+  if (ooms > 0)
+    std::printf("  note: the recording ran out of memory %lld time(s); failed requests are not replayed, so the OOMs "
+                "above count only requests that succeeded when recorded\n",
+                static_cast<long long>(ooms));
+}
+
 std::string allowed_label(int64_t allowed) {
   return allowed == memory::kNoLimit ? std::string() : " (allowed " + memory::format_bytes(allowed) + ")";
 }
@@ -219,6 +230,7 @@ void run_replay(const CLI::App* cmd, const MemArgs& a) {
               static_cast<long long>(r.num_device_allocs), static_cast<long long>(r.num_ooms));
   if (r.first_oom_index >= 0) std::printf(" (first at event #%lld)", static_cast<long long>(r.first_oom_index));
   std::printf("\n");
+  note_recorded_ooms(f);
 }
 
 void run_compare(const CLI::App* cmd, const MemArgs& a) {
@@ -262,6 +274,7 @@ void run_compare(const CLI::App* cmd, const MemArgs& a) {
                 static_cast<long long>(r.num_ooms), static_cast<long long>(r.num_device_allocs),
                 r.allowed == memory::kNoLimit ? "-" : memory::format_bytes(r.allowed).c_str());
   }
+  note_recorded_ooms(f);
 }
 
 // ---- html ----------------------------------------------------------------------------------------------------------
