@@ -185,8 +185,10 @@ struct Prefix {
 // M(i+1, j))), from (i, u):
 //   keep [i, j):       u' = u + units(A(i..j)),               allowed when u' <= cap = floor(B / U) and
 //                                                              u*U + M(i, j) <= B;
-//   recompute [i, j):  u' = u + units(in_i), cost + C(i..j),  allowed when u' <= cap and u*U + in_i + M(i, j) <= B.
-// The checks bound the model's terms from above (each block's term is at most u*U + [in_i] + M(i, j)), so a plan
+//   recompute [i, j):  u' = u + units(in_i), cost + C(i..j),  allowed when u' <= cap and
+//                                                              u*U + in_i - saved_i + M(i, j) <= B.
+// (saved_i: block i's input_saved_bytes, Note [Hand-off tensors].) The checks bound the model's terms from above
+// (each block's term is at most u*U + [in_i - saved_i] + M(i, j)), so a plan
 // the DP accepts fits the model exactly. The answer is the least cost over u at j = n (ties: the smaller u), read
 // back through parent pointers, adjacent kept runs merged. Rounding loses at most one unit per segment: any plan
 // with predicted peak <= B - n*U is seen, so the result costs no more than the cheapest such plan. O(n^2 * 256)
@@ -264,7 +266,7 @@ std::vector<CheckpointSegment> cheapest_within(const std::vector<BlockProfile>& 
 // blocks' terms (Note [Checkpoint memory model]) are all <= M. The least held prefix is the best state to go on
 // from (every later term grows with P), so, with M(i, j) as in Note [Budget DP],
 //     held(j) = min( held(j-1) + a_{j-1}  if held(j-1) + a_{j-1} + T_{j-1} <= M,
-//                    min over i with held(i) + in_i + M(i, j) <= M of held(i) + in_i )
+//                    min over i with held(i) + in_i - saved_i + M(i, j) <= M of held(i) + in_i )
 // and M is feasible iff held(n) is defined; O(n^2). M* is found by binary search over [0, keep-all peak] (keeping
 // everything is feasible there). The plan is then the budget DP's at B = M* when it finds one (the cheapest
 // such plan up to the rounding of Note [Budget DP]), else the least-held plan of this DP (ties: less cost).

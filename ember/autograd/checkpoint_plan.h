@@ -47,7 +47,7 @@ struct BlockProfile {
 // the memory the plan predicts for a training step is
 //     max over blocks k ( P(s) + [in(s) - saved(s) if s is recomputed] + A(b..k) + T_k )
 // which also covers the end of the forward (P(end of chain) <= the term of the last block). With every T_k = 0 it is
-//     max( P(end of chain),  max over recomputed s of  P(s) + in(s) + A(s) ).
+//     max( P(end of chain),  max over recomputed s of  P(s) + in(s) - saved(s) + A(s) ).
 // Extra compute is the sum of cost over recomputed blocks.
 //
 // Note [Hand-off tensors]

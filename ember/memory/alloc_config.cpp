@@ -76,10 +76,14 @@ bool parse_int(std::string_view s, int64_t& out) {
   return ec == std::errc() && p == s.data() + s.size();
 }
 
-// Why a value is not accepted as a number: negative values are named as such (every numeric key is >= 0).
+bool parse_double(std::string_view s, double& out);
+
+// Why a value is not accepted as a number: a negative number is named as such (every numeric key is >= 0).
 std::string number_problem(std::string_view value, const char* expected) {
   const std::string_view t = trim(value);
-  if (!t.empty() && t.front() == '-') return cat("\"", value, "\" is negative");
+  double magnitude = 0.0;
+  if (t.size() > 1 && t.front() == '-' && parse_double(t.substr(1), magnitude))
+    return cat("\"", value, "\" is negative");
   return cat("\"", value, "\" is not ", expected);
 }
 

@@ -1,5 +1,5 @@
 // The pooled caching allocator (DESIGN.md §2 and its reference numbers): PyTorch-compatible size classes, best-fit
-// reuse keyed on (stream, size, address), split and coalesce, max_split_size, power-of-two rounding, garbage
+// reuse keyed on (stream, size, segment age, address), split and coalesce, max_split_size, power-of-two rounding, garbage
 // collection, expandable segments, cross-stream frees, an OOM ladder with explained errors, statistics,
 // fragmentation metrics and a trace — all over an injected Backing, so it behaves identically on CUDA, host
 // memory and a simulated device of any capacity.

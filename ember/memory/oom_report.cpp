@@ -68,8 +68,12 @@ std::string explain_oom(const OomFacts& f) {
 
   std::vector<LiveAllocation> live = f.live;
   std::sort(live.begin(), live.end(), [](const LiveAllocation& a, const LiveAllocation& b) { return a.id < b.id; });
-  const int64_t replay_capacity = f.allowed != kNoLimit ? f.allowed : f.capacity;
-  // No setting helps only when the live bytes and the request exceed the allowed memory. Less cached than requested
+  // What this allocator could hold at most now: the allowed memory, less what others hold on the device (its free
+  // memory plus what this allocator reserves).
+  int64_t replay_capacity = f.allowed != kNoLimit ? f.allowed : f.capacity;
+  if (replay_capacity != kNoLimit && f.device_available != kNoLimit)
+    replay_capacity = std::min(replay_capacity, f.reserved + f.device_available);
+  // No setting helps only when the live bytes and the request exceed that memory. Less cached than requested
   // is not enough to say so: the device may have the bytes unmapped, in pieces smaller than the segment this
   // request needs (a 4 MiB request gets a 20 MiB segment), which other settings use.
   if (replay_capacity == kNoLimit || f.allocated + f.rounded > replay_capacity) {
@@ -84,7 +88,10 @@ std::string explain_oom(const OomFacts& f) {
   if (f.config.max_split_size == kNoLimit) {
     AllocatorConfig c = f.config;
     c.max_split_size = 128 * kMiB;
-    knobs.emplace_back("max_split_size_mb:128", c);
+    // Spelled with fixed segments where the replay had them: EMBER_ALLOC_CONF reads over ember's defaults, which turn
+    // expandable segments on.
+    knobs.emplace_back(c.expandable_segments ? "max_split_size_mb:128" : "max_split_size_mb:128,expandable_segments:False",
+                       c);
   }
   if (!f.config.expandable_segments) {
     AllocatorConfig c = f.config;

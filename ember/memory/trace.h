@@ -75,7 +75,8 @@ std::vector<TraceEvent> read_trace_jsonl(std::istream& in);
 
 // What a trace file records about the allocator that produced it (the Chrome file's "otherData").
 struct TraceFileOptions {
-  std::string alloc_conf;  // its configuration as an EMBER_ALLOC_CONF string (AllocatorConfig::str(); "" = defaults)
+  std::string alloc_conf;  // its configuration as an EMBER_ALLOC_CONF string (ember writes explicit_str(); read with
+                           // parse_alloc_config, over PyTorch's defaults, as older files' str() needs)
   std::string allocator;   // its name
 };
 

@@ -331,16 +331,19 @@ void TrainRunner::Impl::search_batch() {
   const auto ahead = static_cast<size_t>(task->held_ahead());
   auto trial = [&](int64_t rows) {
     const LossFn fn = [this](const Batch& mb) { return loss(mb); };
-    std::deque<Batch> stream;  // the batch to train on, then those the loader holds ahead of it
+    // The step's batch, then those the loader holds ahead of it; each of grad_accum micro-batches, as the step loop
+    // draws them (the micro-batch trained on is a view of the first).
+    std::deque<Batch> stream;
+    const int64_t drawn = rows * std::max<int64_t>(o.grad_accum, 1);
     for (int k = 0; k < 2; ++k) {  // Note [Two steps per trial]
-      Batch b;
+      Batch full;
       {
         memory::PhaseScope phase(memory::Phase::Data);
-        while (stream.size() < ahead + 1) stream.push_back(task->random_batch(rows, o.device));
-        b = std::move(stream.front());
+        while (stream.size() < ahead + 1) stream.push_back(task->random_batch(drawn, o.device));
+        full = std::move(stream.front());
         stream.pop_front();
       }
-      single.step(b, fn);
+      single.step(drawn == rows ? full : slice_batch(full, 0, rows), fn);
     }
   };
   BatchFinderOptions fo;

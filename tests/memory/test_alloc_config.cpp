@@ -361,6 +361,24 @@ TEST(AllocConfig, StrIsCanonical) {
   EXPECT_EQ(parse_alloc_config("backend:native,expandable_segments:False").str(), "");
 }
 
+// A negative number is called negative; text after a minus sign is still "not a number".
+TEST(AllocConfig, NegativeValuesAreNamed) {
+  for (const char* text : {"max_split_size_mb:-5", "garbage_collection_threshold:-0.1"}) {
+    try {
+      parse_alloc_config(text);
+      ADD_FAILURE() << text;
+    } catch (const ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find("is negative"), std::string::npos) << e.what();
+    }
+  }
+  try {
+    parse_alloc_config("max_split_size_mb:-x");
+    ADD_FAILURE();
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("\"-x\" is not a whole number"), std::string::npos) << e.what();
+  }
+}
+
 // explicit_str() means the same configuration over PyTorch's defaults and over ember's (which turn expandable
 // segments on): str() of a fixed-segment configuration, read as EMBER_ALLOC_CONF, would not.
 TEST(AllocConfig, ExplicitStrMeansTheSameOverEitherDefaults) {
