@@ -2,10 +2,13 @@
 # each under the sanitizers (whole trainings, whole-step sweeps, the largest shapes) get the extra label `long`. The
 # debug-asan test preset leaves the label out, which keeps the CI run (Release suite + sanitizer suite) within its
 # time; the Release suite runs every one of them. Each excluded path keeps sanitizer coverage through smaller tests
-# of the same layer (OomEveryAllocation mlp/cnn/gpt first step, EstimateAccuracy mlp/cnn, the bench train fp32 runs).
+# of the same layer (OomEveryAllocation mlp/cnn/gpt first step, EstimateAccuracy mlp/cnn, the bench train fp32 runs,
+# BiasGeluTest and BiasGeluBackwardTest's other cases, FusedAttention's finite differences).
 # The patterns match ctest's names, which for named parameters end in "  # GetParam() = ...".
 set(_ember_long_tests
-  "^CheckpointMemory\\.(GptSqrtAndBudgets|DeepMlpSqrtAndBudgets)$"
+  "^CheckpointMemory\\.(GptSqrtAndBudgets|DeepMlpSqrtAndBudgets|DeepGeluMlpSqrtAndBudgets)$"
+  "^cpu/BiasGeluBackwardTest\\.MatchesReference/cpu( |$)"
+  "^cpu/AttentionCudaTest\\.MatchesFloat64Reference/cpu( |$)"
   "^Engine\\.DeepChainDoesNotRecurse$"
   "^StandardConfigs/OomEveryAllocation\\.EveryRequestOfAStep/gpt_warm( |$)"
   "^StandardConfigs/EstimateAccuracy\\.PredictsTheMeasuredPeaks/gpt "
