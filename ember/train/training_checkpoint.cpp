@@ -275,6 +275,8 @@ TrainingCheckpointInfo read_training_checkpoint_info(const std::string& path) {
 // (ValueError). Then the parts are written in order — optimizer (+ scaler), scheduler, model, generators, loader —
 // where only the optimizer's load can still refuse (it validates its own dict completely before changing anything),
 // and a snapshot of the optimizer, scaler and scheduler taken before is loaded back if a later step throws anyway.
+// State the file holds for a part the caller did not give (optimizer, scaler, schedule, loader position) is refused
+// too unless TrainingParts::partial is set: leaving it unread silently would make a resume inexact.
 TrainingCheckpointInfo load_training_checkpoint(const std::string& path, const TrainingParts& parts) {
   const char* op = "load_training_checkpoint";
   check_parts(parts, op);
@@ -353,6 +355,19 @@ TrainingCheckpointInfo load_training_checkpoint(const std::string& path, const T
   }
   for (const auto& [name, gen] : parts.generators)
     if (!info.generators.count(name)) mismatch("holds no state of generator '" + name + "'");
+  // State the file holds for a part not given: a resume without it would not be exact, so it is refused unless the
+  // caller asks for a partial load.
+  if (!parts.partial) {
+    auto unread = [&](const std::string& what, const char* field) {
+      mismatch("holds " + what + ", but no " + field +
+               " was given to load it into (set TrainingParts::partial to load the parts given and leave it unread)");
+    };
+    if (!has_optimizer && !info.optimizer_kind.empty())
+      unread("the state of a " + info.optimizer_kind + " optimizer", "trainer or optimizer");
+    if (!parts.scaler && !scaler_entries.empty()) unread("grad scaler state", "scaler");
+    if (!parts.scheduler && !info.scheduler_kind.empty()) unread("a " + info.scheduler_kind + " lr schedule", "scheduler");
+    if (!parts.loader && info.loader) unread("a data-loader position", "loader");
+  }
 
   // Apply (Note [Checkpoint load order]).
   optim::StateDict optim_before, scaler_before, sched_before;

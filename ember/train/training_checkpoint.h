@@ -36,6 +36,11 @@ struct TrainingParts {
   // Recorded and checked on load (ValueError on a mismatch). Empty: the model's type_name(), and the optimizer's
   // class name (with the trainer's amp mode in front, e.g. "fp16/AdamW").
   std::string model_kind, optimizer_kind;
+  // Load only. A file holding state for a part not given here (optimizer state, a grad scaler's, an lr schedule, a
+  // data-loader position) is refused by default (ValueError), since the resume would silently not be exact; true
+  // loads what is given and leaves the rest unread (fine-tuning from a training checkpoint with a new optimizer or
+  // schedule). Generators are always loaded by the names given, whatever else the file holds.
+  bool partial = false;
 };
 
 // What a checkpoint's manifest says (read_training_checkpoint_info, and returned by a load).

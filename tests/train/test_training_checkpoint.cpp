@@ -440,6 +440,26 @@ TEST(TrainingCheckpoint, BadFilesRaiseTypedErrorsAndChangeNothing) {
   Generator extra(3);
   refuses(target, "an unknown generator",
           [&](TrainingParts& p) { p.generators.emplace_back("augment", &extra); });
+  // The file holds state for a part not given: refused, since the resume would not be exact...
+  refuses(target, "no scheduler given", [](TrainingParts& p) { p.scheduler = nullptr; });
+  refuses(target, "no loader given", [](TrainingParts& p) { p.loader = nullptr; });
+  refuses(target, "no optimizer given", [](TrainingParts& p) { p.trainer = nullptr; });
+  // ...unless the caller asks for a partial load: the model alone (fine-tuning from a training checkpoint).
+  {
+    SCOPED_TRACE("a partial load of the model");
+    Rig source(AmpMode::fp16, 1);  // what wrote `good`
+    source.steps(7);
+    TrainingParts p = target.parts();
+    p.trainer = nullptr;
+    p.scheduler = nullptr;
+    p.loader = nullptr;
+    p.generators = {};
+    p.partial = true;
+    EXPECT_EQ(train::load_training_checkpoint(good, p).step, 7);
+    const Snapshot after(target);
+    EXPECT_EQ(after.weights, Snapshot(source).weights) << "the saved weights";
+    EXPECT_EQ(after.optimizer, before.optimizer) << "the optimizer given none: untouched";
+  }
 }
 
 // A plain optimizer with a GradScaler beside it (not a trainer): the scaler's scale and growth tracker travel with
