@@ -3,6 +3,7 @@
 #include "ember/data/collate.h"
 
 #include <cstring>
+#include <string>
 
 #include "ember/base/error.h"
 #include "ember/core/grad_mode.h"
@@ -11,18 +12,28 @@ namespace ember::data {
 
 namespace {
 
-Tensor stack_field(const std::vector<Example>& examples, Tensor Example::*field, const char* name, bool pinned) {
+// "example i" or "example i (dataset index n)".
+std::string example_name(size_t i, std::span<const int64_t> indices) {
+  std::string s = "example " + std::to_string(i);
+  if (i < indices.size()) s += " (dataset index " + std::to_string(indices[i]) + ")";
+  return s;
+}
+
+Tensor stack_field(const std::vector<Example>& examples, Tensor Example::*field, const char* name, bool pinned,
+                   std::span<const int64_t> indices) {
   const Tensor& first = examples.front().*field;
-  EMBER_CHECK(first.defined(), ValueError, "collate: example 0 has no ", name);
+  EMBER_CHECK(first.defined(), ValueError, "collate: ", example_name(0, indices), " has no ", name);
   for (size_t i = 0; i < examples.size(); ++i) {
     const Tensor& t = examples[i].*field;
-    EMBER_CHECK(t.defined(), ValueError, "collate: example ", i, " has no ", name);
-    EMBER_CHECK(t.device().is_cpu(), DeviceError, "collate: example ", i, "'s ", name, " is ", t.description(),
+    if (t.defined() && t.device().is_cpu() && t.dtype() == first.dtype() && t.sizes() == first.sizes()) continue;
+    const std::string ex = example_name(i, indices);
+    EMBER_CHECK(t.defined(), ValueError, "collate: ", ex, " has no ", name);
+    EMBER_CHECK(t.device().is_cpu(), DeviceError, "collate: ", ex, "'s ", name, " is ", t.description(),
                 "; datasets return CPU tensors (the loader moves batches to the device)");
-    EMBER_CHECK(t.dtype() == first.dtype(), DTypeError, "collate: example ", i, "'s ", name, " is ",
-                t.description(), " but example 0's is ", first.description());
-    EMBER_CHECK(t.sizes() == first.sizes(), ShapeError, "collate: example ", i, "'s ", name, " is ",
-                t.description(), " but example 0's is ", first.description());
+    EMBER_CHECK(t.dtype() == first.dtype(), DTypeError, "collate: ", ex, "'s ", name, " is ", t.description(),
+                " but ", example_name(0, indices), "'s is ", first.description());
+    EMBER_THROW(ShapeError, "collate: ", ex, "'s ", name, " is ", t.description(), " but ", example_name(0, indices),
+                "'s is ", first.description());
   }
   Shape shape = first.sizes();
   shape.insert(shape.begin(), static_cast<int64_t>(examples.size()));
@@ -43,11 +54,13 @@ Tensor stack_field(const std::vector<Example>& examples, Tensor Example::*field,
 
 }  // namespace
 
-Example collate(const std::vector<Example>& examples, bool pinned) {
+Example collate(const std::vector<Example>& examples, bool pinned, std::span<const int64_t> indices) {
   EMBER_CHECK(!examples.empty(), ValueError, "collate: no examples");
+  EMBER_CHECK(indices.empty() || indices.size() == examples.size(), ValueError, "collate: ", indices.size(),
+              " dataset indices for ", examples.size(), " examples");
   Example batch;
-  batch.data = stack_field(examples, &Example::data, "data", pinned);
-  batch.target = stack_field(examples, &Example::target, "target", pinned);
+  batch.data = stack_field(examples, &Example::data, "data", pinned, indices);
+  batch.target = stack_field(examples, &Example::target, "target", pinned, indices);
   return batch;
 }
 

@@ -140,9 +140,13 @@ struct DataLoader::Epoch {
     for (int64_t index : plan[static_cast<size_t>(k)]) {
       if (stopping.load(std::memory_order_relaxed)) return std::nullopt;
       Generator rng(sample_seed(options.seed, epoch, index));
-      examples.push_back(dataset->get(index, rng));
+      try {
+        examples.push_back(dataset->get(index, rng));
+      } catch (...) {
+        rethrow_with_context(std::current_exception(), "dataset index " + std::to_string(index) + ": ");
+      }
     }
-    Example stacked = collate(examples, pinned);
+    Example stacked = collate(examples, pinned, plan[static_cast<size_t>(k)]);
     Batch batch;
     batch.data = std::move(stacked.data);
     batch.target = std::move(stacked.target);

@@ -221,16 +221,45 @@ int64_t GPT::get_num_params(bool non_embedding) const {
   return n;
 }
 
+namespace {
+
+// Puts a module tree in eval mode for a scope, then gives every module its own mode back (parents are listed before
+// their children, so setting each in order undoes the recursive train() of the parents).
+class EvalScope {
+ public:
+  explicit EvalScope(Module& root) : modules_(root.named_modules()) {
+    for (const auto& [name, m] : modules_) modes_.push_back(m->is_training());
+    root.eval();
+  }
+  ~EvalScope() {
+    for (size_t i = 0; i < modules_.size(); ++i) modules_[i].second->train(modes_[i]);
+  }
+  EvalScope(const EvalScope&) = delete;
+  EvalScope& operator=(const EvalScope&) = delete;
+
+ private:
+  std::vector<std::pair<std::string, std::shared_ptr<Module>>> modules_;
+  std::vector<bool> modes_;
+};
+
+}  // namespace
+
 Tensor GPT::generate(const Tensor& idx, int64_t max_new_tokens, double temperature, std::optional<int64_t> top_k,
                      uint64_t seed) {
-  EMBER_CHECK(idx.defined() && idx.dtype() == DType::i64 && idx.dim() == 2, ShapeError,
-              "GPT::generate: idx must be i64 [B, T]");
+  EMBER_CHECK(idx.defined(), ValueError, "GPT::generate: idx is undefined");
+  EMBER_CHECK(idx.dtype() == DType::i64, DTypeError, "GPT::generate: idx must be i64 token ids, got ",
+              idx.description());
+  EMBER_CHECK(idx.dim() == 2, ShapeError, "GPT::generate: idx must be [B, T], got ", idx.description());
+  EMBER_CHECK(idx.size(1) > 0, ShapeError, "GPT::generate: idx ", idx.description(),
+              " holds no context; give at least one token per row");
   EMBER_CHECK(temperature > 0.0, ValueError, "GPT::generate: temperature must be positive, got ", temperature);
   EMBER_CHECK(!top_k || *top_k > 0, ValueError, "GPT::generate: top_k must be positive, got ", top_k.value_or(0));
   EMBER_CHECK(max_new_tokens >= 0, ValueError, "GPT::generate: max_new_tokens must be >= 0, got ", max_new_tokens);
-  NoGradGuard no_grad;
   const int64_t B = idx.size(0), V = config.vocab_size;
   const Device device = idx.device();
+  if (B == 0) return empty({0, idx.size(1) + max_new_tokens}, TensorOptions(DType::i64, device));
+  NoGradGuard no_grad;
+  const EvalScope eval_mode(*this);  // no dropout: the text depends on the seed alone, the default generator stays
   std::vector<std::vector<int64_t>> rows(B);
   const std::vector<int64_t> given = idx.to_vector<int64_t>();
   for (int64_t b = 0; b < B; ++b)

@@ -116,9 +116,10 @@ class GPT : public Module {
 
   // Samples max_new_tokens tokens after idx [B, T] autoregressively (nanoGPT's generate): the context is cropped to
   // the last block_size tokens, the last position's logits are divided by temperature, optionally restricted to
-  // the top_k most likely tokens, and a token is drawn from their softmax. Runs without recording; the draws come
-  // from a generator seeded with `seed`, so the same seed gives the same text. Returns [B, T + max_new_tokens] on
-  // idx's device.
+  // the top_k most likely tokens, and a token is drawn from their softmax. Runs without recording and in eval mode
+  // (no dropout; every module's mode is given back after), and the draws come from a generator seeded with `seed`:
+  // the same seed gives the same text, and the default generator does not move. idx needs T >= 1 (ShapeError).
+  // Returns [B, T + max_new_tokens] on idx's device.
   Tensor generate(const Tensor& idx, int64_t max_new_tokens, double temperature = 1.0,
                   std::optional<int64_t> top_k = std::nullopt, uint64_t seed = 1337);
 

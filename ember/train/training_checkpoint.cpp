@@ -275,15 +275,26 @@ TrainingCheckpointInfo read_training_checkpoint_info(const std::string& path) {
 // (ValueError). Then the parts are written in order — optimizer (+ scaler), scheduler, model, generators, loader —
 // where only the optimizer's load can still refuse (it validates its own dict completely before changing anything),
 // and a snapshot of the optimizer, scaler and scheduler taken before is loaded back if a later step throws anyway.
-// State the file holds for a part the caller did not give (optimizer, scaler, schedule, loader position) is refused
+// State the file holds for a part the caller did not give (optimizer, scaler, schedule, loader position, a generator)
+// is refused
 // too unless TrainingParts::partial is set: leaving it unread silently would make a resume inexact.
 TrainingCheckpointInfo load_training_checkpoint(const std::string& path, const TrainingParts& parts) {
   const char* op = "load_training_checkpoint";
   check_parts(parts, op);
   const std::string bytes = read_file(path);
-  const nn::SafetensorsMetadata meta = nn::deserialize_safetensors_metadata(bytes);  // FormatError
+  nn::SafetensorsMetadata meta;
+  nn::NamedTensors all;
+  try {
+    meta = nn::deserialize_safetensors_metadata(bytes);
+  } catch (const FormatError& e) {
+    malformed(path, e.what());
+  }
   TrainingCheckpointInfo info = parse_manifest(meta, path);
-  const nn::NamedTensors all = nn::deserialize_safetensors(bytes);  // FormatError for a truncated file
+  try {
+    all = nn::deserialize_safetensors(bytes);
+  } catch (const FormatError& e) {  // e.g. a truncated file
+    malformed(path, e.what());
+  }
 
   // The file's tensors are exactly the manifest's, group by group.
   std::set<std::string> listed;
@@ -358,7 +369,7 @@ TrainingCheckpointInfo load_training_checkpoint(const std::string& path, const T
   // State the file holds for a part not given: a resume without it would not be exact, so it is refused unless the
   // caller asks for a partial load.
   if (!parts.partial) {
-    auto unread = [&](const std::string& what, const char* field) {
+    auto unread = [&](const std::string& what, const std::string& field) {
       mismatch("holds " + what + ", but no " + field +
                " was given to load it into (set TrainingParts::partial to load the parts given and leave it unread)");
     };
@@ -367,6 +378,11 @@ TrainingCheckpointInfo load_training_checkpoint(const std::string& path, const T
     if (!parts.scaler && !scaler_entries.empty()) unread("grad scaler state", "scaler");
     if (!parts.scheduler && !info.scheduler_kind.empty()) unread("a " + info.scheduler_kind + " lr schedule", "scheduler");
     if (!parts.loader && info.loader) unread("a data-loader position", "loader");
+    for (const auto& [name, state] : info.generators) {
+      bool given = false;
+      for (const auto& [n, gen] : parts.generators) given = given || n == name;
+      if (!given) unread("the state of generator '" + name + "'", "generator named '" + name + "'");
+    }
   }
 
   // Apply (Note [Checkpoint load order]).

@@ -37,9 +37,9 @@ struct TrainingParts {
   // class name (with the trainer's amp mode in front, e.g. "fp16/AdamW").
   std::string model_kind, optimizer_kind;
   // Load only. A file holding state for a part not given here (optimizer state, a grad scaler's, an lr schedule, a
-  // data-loader position) is refused by default (ValueError), since the resume would silently not be exact; true
-  // loads what is given and leaves the rest unread (fine-tuning from a training checkpoint with a new optimizer or
-  // schedule). Generators are always loaded by the names given, whatever else the file holds.
+  // data-loader position, a generator of another name) is refused by default (ValueError), since the resume would
+  // silently not be exact; true loads what is given and leaves the rest unread (fine-tuning from a training
+  // checkpoint with a new optimizer or schedule).
   bool partial = false;
 };
 

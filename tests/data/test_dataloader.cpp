@@ -38,7 +38,8 @@ using data::DataLoader;
 using data::DataLoaderOptions;
 using data::Example;
 
-// Sample i: data f32 [2] = {i, 10 i}, target i64 0-d = i. Optionally throws at one index, sleeps, counts calls.
+// Sample i: data f32 [2] = {i, 10 i}, target i64 0-d = i. Optionally throws at one index, returns data of shape [1]
+// at another, sleeps, counts calls.
 class IndexDataset final : public data::Dataset {
  public:
   explicit IndexDataset(int64_t n) : n_(n) {}
@@ -52,12 +53,14 @@ class IndexDataset final : public data::Dataset {
       EMBER_THROW(FormatError, "sample ", index, " is corrupt");
     }
     Example ex;
-    ex.data = from_vector<float>({static_cast<float>(index), 10.0f * static_cast<float>(index)}, {2});
+    ex.data = index == short_at ? from_vector<float>({1.0f}, {1})
+                                : from_vector<float>({static_cast<float>(index), 10.0f * static_cast<float>(index)}, {2});
     ex.target = scalar_tensor(index, DType::i64);
     return ex;
   }
   int64_t n_;
   int64_t throw_at = -1;
+  int64_t short_at = -1;
   bool throw_std = false;
   int sleep_us = 0;
   mutable std::atomic<int64_t> calls{0};
@@ -273,8 +276,7 @@ TEST(DataLoader, WorkerExceptionReachesTheCaller) {
       ADD_FAILURE() << "no exception";
     } catch (const FormatError& e) {
       const std::string what = e.what();
-      EXPECT_NE(what.find("sample 13 is corrupt"), std::string::npos) << what;
-      EXPECT_NE(what.find("batch 4"), std::string::npos) << what;
+      EXPECT_NE(what.find("batch 4: dataset index 13: sample 13 is corrupt"), std::string::npos) << what;
       if (workers > 0) EXPECT_NE(what.find("worker " + std::to_string(4 % workers)), std::string::npos) << what;
     }
     EXPECT_EQ(delivered, 4);        // batches 0..3 came first
@@ -295,7 +297,29 @@ TEST(DataLoader, WorkerExceptionReachesTheCaller) {
     ADD_FAILURE() << "no exception";
   } catch (const Error& e) {
     const std::string what = e.what();
-    EXPECT_NE(what.find("DataLoader worker 0, batch 2: plain failure at 2"), std::string::npos) << what;
+    EXPECT_NE(what.find("DataLoader worker 0, batch 2: dataset index 2: plain failure at 2"), std::string::npos)
+        << what;
+  }
+  // A sample of another shape: the collation error names the batch, the example's position in it and its dataset
+  // index (shuffled, so the two differ).
+  for (int64_t workers : {0, 2}) {
+    auto shapes = std::make_shared<IndexDataset>(12);
+    shapes->short_at = 7;
+    DataLoaderOptions so;
+    so.batch_size = 4;
+    so.shuffle = true;
+    so.seed = 3;
+    so.num_workers = workers;
+    DataLoader shuffled(shapes, so);
+    try {
+      while (shuffled.next()) {
+      }
+      ADD_FAILURE() << "no exception";
+    } catch (const ShapeError& e) {
+      const std::string what = e.what();
+      EXPECT_NE(what.find("(dataset index 7)'s data is f32[1]"), std::string::npos) << what;
+      EXPECT_NE(what.find("DataLoader"), std::string::npos) << what;
+    }
   }
 }
 

@@ -281,6 +281,27 @@ TEST_P(GPTTest, Generate) {
     EXPECT_EQ(best.to_vector<int64_t>(), greedy.select(1, t).cpu().to_vector<int64_t>()) << t;
   }
   EXPECT_THROW(m->generate(idx, 1, 0.0), ValueError);
+  EXPECT_THROW(m->generate(idx.to(DType::i32), 1), DTypeError);
+  EXPECT_THROW(m->generate(idx.slice(1, 0, 0), 1), ShapeError) << "no context";
+  EXPECT_EQ(m->generate(idx.slice(0, 0, 0), 4).sizes(), (Shape{0, 7})) << "an empty batch";
+}
+
+// generate samples in eval mode whatever the model's mode: with dropout in training mode, the same seed gives the
+// same text as in eval mode, the default generator does not move, and every module gets its own mode back.
+TEST_P(GPTTest, GenerateRunsInEvalModeAndGivesTheModesBack) {
+  GPTConfig c = tiny_config();
+  c.dropout = 0.3;
+  auto m = make(c);
+  const Tensor idx = tokens({1, 2, 3, 4, 5, 6}, 2, 3);
+  (*m->transformer->h)[0]->eval();  // a mixed tree: one block already in eval mode
+  const PhiloxState before = default_generator().state();
+  const std::vector<int64_t> in_training = m->generate(idx, 6, 1.0, std::nullopt, 5).cpu().to_vector<int64_t>();
+  EXPECT_EQ(default_generator().state().offset, before.offset);
+  EXPECT_TRUE(m->is_training());
+  EXPECT_FALSE((*m->transformer->h)[0]->is_training());
+  EXPECT_TRUE((*m->transformer->h)[1]->is_training());
+  m->eval();
+  EXPECT_EQ(m->generate(idx, 6, 1.0, std::nullopt, 5).cpu().to_vector<int64_t>(), in_training);
 }
 
 EMBER_INSTANTIATE_DEVICE_TESTS(GPTTest);
