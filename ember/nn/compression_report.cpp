@@ -25,19 +25,19 @@ std::string leaf_name(const std::string& dotted) {
   return dot == std::string::npos ? dotted : dotted.substr(dot + 1);
 }
 
-// Bytes of the caching allocator's blocks tagged "P/parameters" for P the model's path or below it.
-int64_t allocator_state_bytes(Module& model, Device device) {
+// Bytes of the caching allocator's blocks that hold the given storages (their sizes as rounded by the allocator).
+// By address, not by owner tag: every instance of a model class shares its tag path ("MnistNet/parameters"), so a
+// tally by tag would count every live instance.
+int64_t allocator_block_bytes(const std::unordered_set<const StorageImpl*>& storages, Device device) {
   auto* caching = dynamic_cast<memory::CachingAllocator*>(&allocator_for(device));
   if (caching == nullptr) return -1;
-  // Computing each module's path hands its own tensors to "PATH/parameters" (Note [Parameter ownership]).
-  for (const auto& [name, module] : model.named_modules()) (void)module->memory_handle();
-  const std::string root = model.memory_path();
+  std::unordered_set<uint64_t> addresses;
+  for (const StorageImpl* s : storages)
+    if (s->nbytes() > 0) addresses.insert(reinterpret_cast<uint64_t>(s->allocation()));
   int64_t bytes = 0;
-  for (const memory::TagStat& s : caching->tag_stats()) {
-    const auto [module, phase] = memory::split_tag(memory::tag_name(s.tag));
-    if (phase != "parameters") continue;
-    if (module == root || module.rfind(root + ".", 0) == 0) bytes += s.current;
-  }
+  for (const memory::SegmentSnapshot& seg : caching->snapshot())
+    for (const memory::BlockSnapshot& b : seg.blocks)
+      if (b.allocated && addresses.count(b.addr)) bytes += b.size;
   return bytes;
 }
 
@@ -80,7 +80,7 @@ ModelMemory model_memory(const Module& model) {
       m.weight_bytes += conv->packed_weight ? conv->packed_weight->nbytes() : conv->weight.nbytes();
     }
   }
-  if (have_device && !device.is_meta()) m.allocator_bytes = allocator_state_bytes(mutable_model, device);
+  if (have_device && !device.is_meta()) m.allocator_bytes = allocator_block_bytes(seen, device);
   return m;
 }
 

@@ -20,8 +20,8 @@ struct ModelMemory {
   int64_t weight_bytes = 0;     // the weights of Linear and Conv2d layers, dense or packed (what compression targets)
   // nbytes of every distinct storage above (a tensor shared by two modules counts once).
   int64_t total_bytes = 0;
-  // The caching allocator's block bytes owned by the model's "…/parameters" tags (rounded to its block sizes;
-  // -1 when the device's allocator keeps no per-tag statistics).
+  // The caching allocator's bytes in the blocks holding these storages (rounded to its block sizes; by address, so
+  // other live instances of the model's class do not count); -1 when the device's allocator is not a caching one.
   int64_t allocator_bytes = -1;
 };
 ModelMemory model_memory(const Module& model);

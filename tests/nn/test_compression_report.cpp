@@ -17,9 +17,13 @@ TEST(CompressionReport, CountsParametersBuffersAndWeights) {
   EXPECT_EQ(m.weight_bytes, 4 * (8 * 16 + 16 * 4));
   EXPECT_EQ(m.total_bytes, m.parameter_bytes);
   EXPECT_EQ(m.packed_bytes, 0);
-  // The caching allocator's blocks hold at least the tensors' bytes (it rounds up).
-  ASSERT_GE(m.allocator_bytes, 0);
-  EXPECT_GE(m.allocator_bytes, m.total_bytes);
+  // The caching allocator's blocks holding the four tensors (512, 64, 256, 16 bytes): 512-byte blocks each.
+  EXPECT_EQ(m.allocator_bytes, 4 * 512);
+  // Another live instance of the same class (the same owner tags) does not count.
+  auto twin = std::make_shared<Sequential>(std::make_shared<Linear>(8, 16), std::make_shared<ReLU>(),
+                                           std::make_shared<Linear>(16, 4));
+  EXPECT_EQ(model_memory(*net).allocator_bytes, 4 * 512);
+  EXPECT_EQ(model_memory(*twin).allocator_bytes, 4 * 512);
 
   // Buffers are sorted by name: a mask, a packed weight, anything else.
   auto lin = net->at<Linear>(0);
