@@ -1,5 +1,7 @@
 // ember: one include for users — tensors, devices, dtypes, the differentiable op set, autograd, nn, optimizers,
-// datasets, serialization and the allocator statistics.
+// datasets, serialization, the allocator statistics and the training layer (mixed precision, gradient accumulation,
+// OOM-resilient steps, the batch finder, estimates and plans, training checkpoints, the runner). Distributed
+// training (ember/dist/*.h) is included on its own: its MPI and NCCL process groups exist only in builds with them.
 // Invariant: includes only public headers; nothing here pulls in Eigen or CUDA headers.
 #pragma once
 
@@ -55,3 +57,16 @@
 #include "ember/data/text_dataset.h"
 #include "ember/data/text_stream.h"
 #include "ember/data/transforms.h"
+#include "ember/train/amp.h"
+#include "ember/train/batch_finder.h"
+#include "ember/train/bench_train.h"
+#include "ember/train/estimate.h"
+#include "ember/train/grad_accum.h"
+#include "ember/train/memory_plan.h"
+#include "ember/train/oom_step.h"
+#include "ember/train/progress.h"
+#include "ember/train/runner.h"
+#include "ember/train/runner_tasks.h"
+#include "ember/train/step.h"
+#include "ember/train/system_info.h"
+#include "ember/train/training_checkpoint.h"

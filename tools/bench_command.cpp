@@ -83,7 +83,7 @@ void add_bench_command(CLI::App& app) {
   train->add_option("--device", args->device, "cpu | cuda | cuda:N");
   train->add_option("--seed", args->seed, "seed of the model and the batch");
   train->add_option("--amp", args->amp, "mixed precision: none | fp16 | bf16 | autocast-fp16 | autocast-bf16")
-      ->check(CLI::IsMember({"none", "fp32", "fp16", "bf16", "autocast-fp16", "autocast-bf16"}));
+      ->check(amp_mode_validator());
   train->add_option("--checkpoint", args->checkpoint,
                     "activation checkpointing: none | sqrt | budget:SIZE (e.g. budget:8MiB), planned once before the "
                     "first step")

@@ -7,6 +7,7 @@
 
 #include "ember/autograd/checkpoint_plan.h"
 #include "ember/base/error.h"
+#include "ember/train/amp.h"
 
 namespace ember::tools {
 
@@ -22,6 +23,20 @@ inline CLI::Validator checkpoint_policy_validator() {
         }
       },
       "none|sqrt|budget:SIZE");
+}
+
+// Accepts what train::parse_amp_mode takes (none or fp32, fp16, bf16, autocast-fp16, autocast-bf16).
+inline CLI::Validator amp_mode_validator() {
+  return CLI::Validator(
+      [](std::string& text) -> std::string {
+        try {
+          train::parse_amp_mode(text);
+          return {};
+        } catch (const Error& e) {
+          return e.what();
+        }
+      },
+      "none|fp16|bf16|autocast-fp16|autocast-bf16");
 }
 
 // `ember bench train --model mlp|cnn|gpt --steps N --device cpu|cuda[:N] [--warmup N] [--batch-size N]

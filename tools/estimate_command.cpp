@@ -50,7 +50,7 @@ void add_estimate_command(CLI::App& app) {
   cmd->add_option("--batch-size", args->batch, "batch size (default: the config's)")
       ->check(CLI::Range(int64_t{1}, std::numeric_limits<int64_t>::max()));
   cmd->add_option("--amp", args->amp, "mixed precision: none | fp16 | bf16 | autocast-fp16 | autocast-bf16")
-      ->check(CLI::IsMember({"none", "fp32", "fp16", "bf16", "autocast-fp16", "autocast-bf16"}));
+      ->check(amp_mode_validator());
   cmd->add_option("--checkpoint", args->checkpoint,
                   "activation checkpointing: none | sqrt | budget:SIZE (e.g. budget:8MiB); cnn: none only")
       ->check(checkpoint_policy_validator());

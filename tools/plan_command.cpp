@@ -54,7 +54,7 @@ void add_plan_command(CLI::App& app) {
   cmd->add_option("--budget", args->budget, "memory the step may reserve, e.g. 512MiB")->required();
   cmd->add_option("--amp", args->amps, "precisions to consider (default: none bf16 fp16)")
       ->delimiter(',')
-      ->check(CLI::IsMember({"none", "fp32", "fp16", "bf16", "autocast-fp16", "autocast-bf16"}));
+      ->check(amp_mode_validator());
   cmd->add_option("--checkpoint", args->checkpoints, "checkpoint policies to consider (default: none sqrt)")
       ->delimiter(',')
       ->check(checkpoint_policy_validator());

@@ -146,9 +146,12 @@ void add_train_command(CLI::App& app) {
   cmd->add_flag("--oom-resilient", o.oom_resilient,
                 "a micro-batch that runs out of memory is dropped and its rows run again in halves, instead of the "
                 "run failing");
-  cmd->add_option("--amp", o.amp, "none | fp16 | bf16 | autocast-fp16 | autocast-bf16")->capture_default_str();
+  cmd->add_option("--amp", o.amp, "none | fp16 | bf16 | autocast-fp16 | autocast-bf16")
+      ->capture_default_str()
+      ->check(amp_mode_validator());
   cmd->add_option("--checkpoint", o.checkpoint, "activation checkpointing: none | sqrt | budget:SIZE")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(checkpoint_policy_validator());
   cmd->add_option("--max-memory", a->max_memory,
                   "memory cap, e.g. 512MiB: cpu becomes a simulated device of that size; cuda: the allocator's "
                   "capacity");

@@ -4,7 +4,8 @@
 // batch (a training step's stand-in: workers overlap loading with it). GPU (when one is
 // visible): the fraction of a training-like step the GPU waits for data, loading on demand without prefetch
 // (0 workers, copies on demand) against workers + copies queued ahead on the copy stream.
-// Usage: data_loader [--data DIR] [--batches N] [--reps R]; prints markdown tables and a JSON line.
+// Usage: data_loader [--data DIR] [--batches N] [--reps R]; prints markdown tables and a JSON line. Without --data,
+// ../shared/data/mnist, or generated digits when that is missing.
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
@@ -139,6 +140,7 @@ int main(int argc, char** argv) {
   std::string dir = "../shared/data/mnist";
   int64_t batches = 300;
   int reps = 3;
+  bool data_given = false;
   const char* usage = "usage: data_loader [--data DIR] [--batches N] [--reps N]\n";
   // A whole number in [1, max]; 0 when the text is anything else.
   auto count = [](const char* text, long long max) -> long long {
@@ -153,12 +155,17 @@ int main(int argc, char** argv) {
       std::printf("%s", usage);
       return 0;
     }
+    if (flag != "--data" && flag != "--batches" && flag != "--reps") {
+      std::fprintf(stderr, "data_loader: unknown flag %s\n%s", flag.c_str(), usage);
+      return 2;
+    }
     if (i + 1 == argc) {
       std::fprintf(stderr, "data_loader: %s needs a value\n%s", flag.c_str(), usage);
       return 2;
     }
     if (flag == "--data") {
       dir = argv[i + 1];
+      data_given = true;
     } else if (flag == "--batches" || flag == "--reps") {
       const long long v = count(argv[i + 1], flag == "--reps" ? 1000 : (1LL << 40));
       if (v == 0) {
@@ -167,10 +174,12 @@ int main(int argc, char** argv) {
       }
       if (flag == "--batches") batches = v;
       else reps = static_cast<int>(v);
-    } else {
-      std::fprintf(stderr, "data_loader: unknown flag %s\n%s", flag.c_str(), usage);
-      return 2;
     }
+  }
+  // The default directory may be missing (generated digits then); a directory the user named must exist.
+  if (data_given && !std::filesystem::exists(dir)) {
+    std::fprintf(stderr, "data_loader: --data %s: no such directory\n", dir.c_str());
+    return 2;
   }
   try {
     std::string source;

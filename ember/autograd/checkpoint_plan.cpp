@@ -88,8 +88,9 @@ std::string CheckpointPlan::to_string() const {
   os << "checkpoint plan (" << policy.str() << "): " << num_blocks() << " blocks, " << recomputed_blocks
      << " recomputed in " << recomputed_segments << " segment" << (recomputed_segments == 1 ? "" : "s") << "\n";
   os << "  segments:";
-  for (const CheckpointSegment& s : segments)
-    os << " [" << s.begin << ", " << s.end << ")" << (s.recompute ? " recompute" : " keep") << ";";
+  for (size_t i = 0; i < segments.size(); ++i)
+    os << (i ? "; [" : " [") << segments[i].begin << ", " << segments[i].end << ")"
+       << (segments[i].recompute ? " recompute" : " keep");
   os << "\n";
   os << "  predicted activation peak " << memory::format_bytes(predicted_peak_bytes) << " (no checkpointing: "
      << memory::format_bytes(no_checkpoint_bytes) << ")";

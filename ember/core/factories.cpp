@@ -116,29 +116,41 @@ Tensor arange(Scalar start, Scalar end, Scalar step) {
 Tensor arange(int64_t end) { return arange(0, end, 1, TensorOptions(DType::i64)); }
 
 namespace {
-Tensor random_tensor(const Shape& shape, RandomKind kind, double a, double b, TensorOptions opts, const char* op) {
+Tensor random_tensor(const Shape& shape, RandomKind kind, double a, double b, TensorOptions opts, Generator& gen,
+                     const char* op) {
   EMBER_CHECK(is_floating(opts.dtype), DTypeError, op, ": needs a floating dtype, got ", dtype_name(opts.dtype));
   Tensor t = empty(shape, opts);
   // A meta tensor draws nothing, so a shape-only planning pass leaves the real run's random stream untouched.
   if (t.numel() == 0 || t.device().is_meta()) return t;
   const uint64_t n = static_cast<uint64_t>(t.numel());
   const uint64_t counters = kind == RandomKind::Uniform ? philox_uniform_counters(n) : philox_normal_counters(n);
-  const PhiloxState st = default_generator().reserve(counters);
+  const PhiloxState st = gen.reserve(counters);
   random_stub.get(t.device().type)(t, kind, a, b, st.seed, st.offset);
   return t;
 }
 }  // namespace
 
-Tensor uniform(const Shape& shape, double low, double high, TensorOptions opts) {
+Tensor uniform(const Shape& shape, double low, double high, Generator& gen, TensorOptions opts) {
   EMBER_CHECK(low <= high, ValueError, "uniform: low ", low, " > high ", high);
-  return random_tensor(shape, RandomKind::Uniform, low, high, opts, "uniform");
+  return random_tensor(shape, RandomKind::Uniform, low, high, opts, gen, "uniform");
+}
+Tensor normal(const Shape& shape, double mean, double stddev, Generator& gen, TensorOptions opts) {
+  EMBER_CHECK(stddev >= 0.0, ValueError, "normal: stddev must be >= 0, got ", stddev);
+  return random_tensor(shape, RandomKind::Normal, mean, stddev, opts, gen, "normal");
+}
+Tensor rand(const Shape& shape, Generator& gen, TensorOptions opts) { return uniform(shape, 0.0, 1.0, gen, opts); }
+Tensor randn(const Shape& shape, Generator& gen, TensorOptions opts) { return normal(shape, 0.0, 1.0, gen, opts); }
+Tensor uniform(const Shape& shape, double low, double high, TensorOptions opts) {
+  return uniform(shape, low, high, default_generator(), opts);
 }
 Tensor normal(const Shape& shape, double mean, double stddev, TensorOptions opts) {
-  EMBER_CHECK(stddev >= 0.0, ValueError, "normal: stddev must be >= 0, got ", stddev);
-  return random_tensor(shape, RandomKind::Normal, mean, stddev, opts, "normal");
+  return normal(shape, mean, stddev, default_generator(), opts);
 }
 Tensor rand(const Shape& shape, TensorOptions opts) { return uniform(shape, 0.0, 1.0, opts); }
 Tensor randn(const Shape& shape, TensorOptions opts) { return normal(shape, 0.0, 1.0, opts); }
+Tensor full_like(const Tensor& t, Scalar value) { return full(t.sizes(), value, {t.dtype(), t.device()}); }
+Tensor rand_like(const Tensor& t) { return rand(t.sizes(), {t.dtype(), t.device()}); }
+Tensor randn_like(const Tensor& t) { return randn(t.sizes(), {t.dtype(), t.device()}); }
 
 template <class T>
 Tensor from_vector(const std::vector<T>& values, const Shape& shape, TensorOptions opts) {

@@ -13,6 +13,7 @@
 #include "ember/core/autograd_hooks.h"
 #include "ember/core/device.h"
 #include "ember/core/dtype.h"
+#include "ember/core/generator.h"
 #include "ember/core/scalar.h"
 #include "ember/core/shape.h"
 #include "ember/core/storage.h"
@@ -180,6 +181,15 @@ Tensor rand(const Shape& shape, TensorOptions opts = {});
 Tensor randn(const Shape& shape, TensorOptions opts = {});
 Tensor uniform(const Shape& shape, double low, double high, TensorOptions opts = {});
 Tensor normal(const Shape& shape, double mean, double stddev, TensorOptions opts = {});
+// The same, drawing from `gen` instead of the default generator (PyTorch's generator= argument).
+Tensor rand(const Shape& shape, Generator& gen, TensorOptions opts = {});
+Tensor randn(const Shape& shape, Generator& gen, TensorOptions opts = {});
+Tensor uniform(const Shape& shape, double low, double high, Generator& gen, TensorOptions opts = {});
+Tensor normal(const Shape& shape, double mean, double stddev, Generator& gen, TensorOptions opts = {});
+// t's shape, dtype and device (a floating dtype for the random ones: DTypeError), from the default generator.
+Tensor full_like(const Tensor& t, Scalar value);
+Tensor rand_like(const Tensor& t);
+Tensor randn_like(const Tensor& t);
 // Copies host values into a new tensor of the given shape (numel must match) and options.
 template <class T>
 Tensor from_vector(const std::vector<T>& values, const Shape& shape, TensorOptions opts = {dtype_of_v<T>});

@@ -70,6 +70,14 @@ void add_(const Tensor& a, const Tensor& b);
 Tensor sub(const Tensor& a, Scalar b);
 Tensor mul(const Tensor& a, Scalar b);
 Tensor div(const Tensor& a, Scalar b);
+// Comparisons with a scalar: bool results, compared in the dtype the rule above gives (an integer tensor against a
+// floating scalar compares in f32, as in PyTorch).
+Tensor eq(const Tensor& a, Scalar b);
+Tensor ne(const Tensor& a, Scalar b);
+Tensor lt(const Tensor& a, Scalar b);
+Tensor le(const Tensor& a, Scalar b);
+Tensor gt(const Tensor& a, Scalar b);
+Tensor ge(const Tensor& a, Scalar b);
 
 Tensor neg(const Tensor& x);
 Tensor exp(const Tensor& x);

@@ -74,9 +74,11 @@ Tensor binary_scalar_op(BinaryOp op, const Tensor& t, Scalar s) {
   DType dt = t.dtype();
   if (!is_floating(dt)) dt = !s.is_integral() ? DType::f32 : (dt == DType::b8 ? DType::i64 : dt);
   const DType ct = binary_out_dtype(op, dt, t, s.is_integral() ? "an integer scalar" : "a floating scalar");
-  Tensor out = empty(t.sizes(), {ct, t.device()});
+  Tensor out = empty(t.sizes(), {is_comparison(op) ? DType::b8 : ct, t.device()});
   if (has_elements(out)) {
-    const Tensor scalar = scalar_tensor(s, {kernels::op_math_dtype(ct), t.device()});
+    // A comparison's kernel takes operands of one dtype: the scalar is rounded to it (PyTorch compares a half
+    // tensor with a number in half precision too).
+    const Tensor scalar = scalar_tensor(s, {is_comparison(op) ? ct : kernels::op_math_dtype(ct), t.device()});
     run_kernel(binary_stub, t.device(), op, t.to(ct), scalar.expand(t.sizes()), out);
   }
   return out;
@@ -132,6 +134,12 @@ Tensor add(const Tensor& a, Scalar b) { return binary_scalar_op(BinaryOp::Add, a
 Tensor sub(const Tensor& a, Scalar b) { return binary_scalar_op(BinaryOp::Sub, a, b); }
 Tensor mul(const Tensor& a, Scalar b) { return binary_scalar_op(BinaryOp::Mul, a, b); }
 Tensor div(const Tensor& a, Scalar b) { return binary_scalar_op(BinaryOp::Div, a, b); }
+Tensor eq(const Tensor& a, Scalar b) { return binary_scalar_op(BinaryOp::Eq, a, b); }
+Tensor ne(const Tensor& a, Scalar b) { return binary_scalar_op(BinaryOp::Ne, a, b); }
+Tensor lt(const Tensor& a, Scalar b) { return binary_scalar_op(BinaryOp::Lt, a, b); }
+Tensor le(const Tensor& a, Scalar b) { return binary_scalar_op(BinaryOp::Le, a, b); }
+Tensor gt(const Tensor& a, Scalar b) { return binary_scalar_op(BinaryOp::Gt, a, b); }
+Tensor ge(const Tensor& a, Scalar b) { return binary_scalar_op(BinaryOp::Ge, a, b); }
 
 // ---- unary -----------------------------------------------------------------------------------------------------
 Tensor neg(const Tensor& x) { return unary_op(UnaryOp::Neg, x, {}, true); }

@@ -54,8 +54,17 @@ ClassRows to_class_rows(const char* op, const Tensor& input, const Tensor& targe
               shape_str(input.sizes()));
   Shape expected = input.sizes();
   expected.erase(expected.begin() + 1);
-  EMBER_CHECK(target.sizes() == expected, ShapeError, op, ": input ", shape_str(input.sizes()),
-              " needs a target of shape ", shape_str(expected), ", got ", shape_str(target.sizes()));
+  if (target.sizes() != expected) {
+    // The usual mistake: logits [B, T, V] with targets [B, T] — the class dim is dim 1 here, as in PyTorch.
+    Shape last_dim_classes = input.sizes();
+    last_dim_classes.pop_back();
+    const bool hint = input.dim() >= 3 && target.sizes() == last_dim_classes;
+    EMBER_THROW(ShapeError, op, ": input ", shape_str(input.sizes()), " needs a target of shape ", shape_str(expected),
+                " (the classes are dim 1), got ", shape_str(target.sizes()),
+                hint ? "; for classes in the last dim (logits [B, T, V]) flatten to input [B*T, V] and target "
+                       "[B*T], or move the class dim to 1"
+                     : "");
+  }
   r.classes = input.size(1);
   r.out_shape = expected;
   if (input.dim() == 2) {
@@ -186,6 +195,12 @@ Tensor mse_loss(const Tensor& input, const Tensor& target, Reduction reduction) 
   }
   check_floating("mse_loss", input);
   check_floating("mse_loss", target);
+  // PyTorch broadcasts and warns; a prediction [N, 1] against a target [N] would compare every prediction with
+  // every target ([N, N]) and train on the wrong loss without an error, so ember refuses.
+  EMBER_CHECK(input.sizes() == target.sizes(), ShapeError, "mse_loss: input ", shape_str(input.sizes()),
+              " and target ", shape_str(target.sizes()),
+              " differ in shape; broadcasting them would compare every element of one with several of the other "
+              "(reshape or expand one explicitly)");
   const Tensor d = sub(input, target);
   return reduce(mul(d, d), reduction);
 }
@@ -300,6 +315,16 @@ Tensor scaled_dot_product_attention(const Tensor& query, const Tensor& key, cons
     const Tensor k_pos = arange(S, TensorOptions(DType::i64, dev)).unsqueeze(0);
     att = where(le(k_pos, q_pos), att, minus_inf);
   } else if (attn_mask.defined()) {
+    bool fits = attn_mask.dim() <= att.dim();
+    for (int64_t i = 1; fits && i <= attn_mask.dim(); ++i) {
+      const int64_t m = attn_mask.size(attn_mask.dim() - i), a = att.size(att.dim() - i);
+      fits = m == a || m == 1;
+    }
+    EMBER_CHECK(fits, ShapeError, op, ": attn_mask ", attn_mask.description(), " does not broadcast to the scores ",
+                shape_str(att.sizes()), " ([..., L, S] for query ", shape_str(query.sizes()), " and key ",
+                shape_str(key.sizes()), ")");
+    EMBER_CHECK(attn_mask.dtype() == DType::b8 || is_floating(attn_mask.dtype()), DTypeError, op,
+                ": attn_mask must be bool or floating, got ", attn_mask.description());
     att = attn_mask.dtype() == DType::b8 ? where(attn_mask, att, minus_inf) : add(att, attn_mask);
   }
   att = ember::softmax(att, -1);

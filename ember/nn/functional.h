@@ -24,7 +24,8 @@ Tensor cross_entropy(const Tensor& input, const Tensor& target, int64_t ignore_i
 // input: log-probabilities with the layout cross_entropy takes; loss = -input[target] per non-ignored target.
 Tensor nll_loss(const Tensor& input, const Tensor& target, int64_t ignore_index = -100,
                 Reduction reduction = Reduction::Mean);
-// (input - target)^2, reduced; the two broadcast against each other.
+// (input - target)^2, reduced; input and target of the same shape (ShapeError otherwise: PyTorch broadcasts them
+// with a warning, which turns a [N, 1] prediction against a [N] target into an [N, N] loss).
 Tensor mse_loss(const Tensor& input, const Tensor& target, Reduction reduction = Reduction::Mean);
 
 // ---- layers as functions ---------------------------------------------------------------------------------------

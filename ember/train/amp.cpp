@@ -19,7 +19,7 @@ AmpMode parse_amp_mode(const std::string& text) {
   if (text == "autocast-fp16") return AmpMode::autocast_fp16;
   if (text == "autocast-bf16") return AmpMode::autocast_bf16;
   EMBER_THROW(ConfigError, "unknown mixed-precision mode '", text,
-              "' (choose none, fp16, bf16, autocast-fp16 or autocast-bf16)");
+              "' (choose none (also spelled fp32), fp16, bf16, autocast-fp16 or autocast-bf16)");
 }
 
 const char* amp_mode_name(AmpMode mode) {

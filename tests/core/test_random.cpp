@@ -196,6 +196,35 @@ TEST_P(RandomTest, SeedReproducibilityAndOffsetAdvance) {
   EXPECT_EQ(randn({33}, {DType::f32, device()}).to_vector<double>(), r1);
 }
 
+// A generator passed in is drawn from instead of the default one, which stays where it was; the *_like factories
+// take the shape, dtype and device of their argument.
+TEST_P(RandomTest, AGivenGeneratorAndTheLikeFactories) {
+  EMBER_REQUIRE_KERNEL(random_stub);
+  manual_seed(5);
+  Generator gen(77);
+  const std::vector<double> u = rand({6}, gen, {DType::f64, device()}).to_vector<double>();
+  for (int64_t i = 0; i < 6; ++i) EXPECT_EQ(u[i], uniform_ref(77, 0, i)) << i;
+  const std::vector<double> z = randn({3}, gen, {DType::f64, device()}).to_vector<double>();
+  for (int64_t i = 0; i < 3; ++i) EXPECT_NEAR(z[i], normal_ref(77, 2, i), kNormalTol) << i;
+  const std::vector<double> w = uniform({2}, 1.0, 3.0, gen, {DType::f64, device()}).to_vector<double>();
+  for (int64_t i = 0; i < 2; ++i) EXPECT_NEAR(w[i], 1.0 + 2.0 * uniform_ref(77, 4, i), 1e-12) << i;
+  const std::vector<double> v = normal({2}, -1.0, 0.5, gen, {DType::f64, device()}).to_vector<double>();
+  for (int64_t i = 0; i < 2; ++i) EXPECT_NEAR(v[i], -1.0 + 0.5 * normal_ref(77, 5, i), kNormalTol) << i;
+  EXPECT_EQ(gen.state().offset, 6u);
+  EXPECT_EQ(default_generator().state().offset, 0u) << "the default generator did not move";
+  EXPECT_THROW(rand({2}, gen, {DType::i32, device()}), DTypeError);
+
+  const Tensor like = zeros({2, 3}, {DType::f64, device()});
+  const std::vector<double> r = rand_like(like).to_vector<double>();
+  for (int64_t i = 0; i < 6; ++i) EXPECT_EQ(r[i], uniform_ref(5, 0, i)) << i;
+  EXPECT_EQ(randn_like(like).sizes(), like.sizes());
+  const Tensor f = full_like(like, 2.5);
+  EXPECT_EQ(f.dtype(), DType::f64);
+  EXPECT_EQ(f.device(), device());
+  EXPECT_EQ(f.to_vector<double>(), std::vector<double>(6, 2.5));
+  EXPECT_THROW(rand_like(zeros({2}, {DType::i64, device()})), DTypeError);
+}
+
 TEST_P(RandomTest, UniformBoundsAndMoments) {
   EMBER_REQUIRE_KERNEL(random_stub);
   manual_seed(2024);

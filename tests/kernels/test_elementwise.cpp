@@ -239,6 +239,40 @@ TEST_P(ElementwiseTest, ComparisonsMatchReferenceAndReturnBool) {
   }
 }
 
+// Comparisons with a number (Note [Scalar operands]): bool, against the float64 reference, on every dtype the harness
+// runs; 0.5 and 1 are exact in every floating dtype, and an integer tensor against 0.5 compares in f32.
+TEST_P(ElementwiseTest, ScalarComparisonsMatchReferenceAndReturnBool) {
+  EMBER_REQUIRE_KERNEL(binary_stub);
+  struct Cmp {
+    const char* name;
+    std::function<Tensor(const Tensor&)> fn;
+    std::function<bool(double)> ref;
+  };
+  const std::vector<Cmp> cmps = {
+      {"eq 1", [](const Tensor& a) { return eq(a, 1); }, [](double x) { return x == 1.0; }},
+      {"ne 1", [](const Tensor& a) { return ne(a, 1); }, [](double x) { return x != 1.0; }},
+      {"lt 0.5", [](const Tensor& a) { return lt(a, 0.5); }, [](double x) { return x < 0.5; }},
+      {"le 1", [](const Tensor& a) { return le(a, 1); }, [](double x) { return x <= 1.0; }},
+      {"gt 0.5", [](const Tensor& a) { return gt(a, 0.5); }, [](double x) { return x > 0.5; }},
+      {"ge -0.5", [](const Tensor& a) { return ge(a, -0.5); }, [](double x) { return x >= -0.5; }},
+  };
+  for (const Cmp& cmp : cmps) {
+    for (const Tensor& x : {discrete_input({}), discrete_input({3, 5}), discrete_input({5, 4}).t(), discrete_input({0})}) {
+      SCOPED_TRACE(std::string(cmp.name) + " on " + shape_str(x.sizes()));
+      OpCase c{cmp.name, {x}, [f = cmp.fn](const Inputs& in) {
+                 Tensor out = f(in[0]);
+                 EXPECT_EQ(out.dtype(), DType::b8);
+                 return out;
+               }};
+      c.reference = ref_unary([r = cmp.ref](double v) { return r(v) ? 1.0 : 0.0; });
+      check_op(c, device());
+    }
+  }
+  const Tensor ints = from_vector<int64_t>({-1, 0, 1, 2}, {4}).to(device());
+  EXPECT_EQ(gt(ints, 0.5).to_vector<bool>(), (std::vector<bool>{false, false, true, true}));
+  EXPECT_EQ(eq(ints, 2).to_vector<bool>(), (std::vector<bool>{false, false, false, true}));
+}
+
 struct UnarySpec {
   const char* name;
   std::function<Tensor(const Tensor&)> fn;

@@ -26,6 +26,36 @@ inline std::unique_ptr<CachingAllocator> make_allocator(int64_t capacity, const 
   return make_allocator(capacity, parse_alloc_config(conf));
 }
 
+// A Backing that forwards every call to another (shared, so two allocators can sit on one device), translating
+// addresses through translate(): the identity here; a subclass may remap them (it must be its own inverse,
+// translate(translate(p, n), n) == p, since the same function maps both ways).
+class ForwardingBacking : public Backing {
+ public:
+  explicit ForwardingBacking(std::shared_ptr<Backing> inner) : inner_(std::move(inner)) {}
+  std::string name() const override { return inner_->name(); }
+  void* malloc(int64_t n) override { return translate(inner_->malloc(n), n); }
+  void free(void* p, int64_t n) override { inner_->free(translate(p, n), n); }
+  int64_t capacity() const override { return inner_->capacity(); }
+  int64_t available() const override { return inner_->available(); }
+  EventId record_event(StreamId s) override { return inner_->record_event(s); }
+  bool event_completed(EventId e) override { return inner_->event_completed(e); }
+  void release_event(EventId e) override { inner_->release_event(e); }
+  void synchronize() override { inner_->synchronize(); }
+  bool supports_expandable() const override { return inner_->supports_expandable(); }
+  int64_t page_size() const override { return inner_->page_size(); }
+  void* reserve_range(int64_t n) override { return translate(inner_->reserve_range(n), n); }
+  bool map(void* p, int64_t n) override { return inner_->map(translate(p, n), n); }
+  void unmap(void* p, int64_t n) override { inner_->unmap(translate(p, n), n); }
+  void release_range(void* p, int64_t n) override { inner_->release_range(translate(p, n), n); }
+  bool materialized() const override { return inner_->materialized(); }
+
+ protected:
+  virtual void* translate(void* p, int64_t /*n*/) const { return p; }
+
+ private:
+  std::shared_ptr<Backing> inner_;
+};
+
 inline SimulatedBacking& sim_of(CachingAllocator& a) { return dynamic_cast<SimulatedBacking&>(a.backing()); }
 inline uint64_t addr(const void* p) { return reinterpret_cast<uint64_t>(p); }
 inline int64_t round_up(int64_t n, int64_t m) { return (n + m - 1) / m * m; }

@@ -180,38 +180,14 @@ TEST(CachingOom, FreeDeviceMemorySmallerThanTheSegmentSuggestsExpandableSegments
   b->deallocate(bx);
 }
 
-// One device, two allocators: `other` stands for another process. Forwards everything to a shared backing.
-class SharedBacking final : public Backing {
- public:
-  explicit SharedBacking(std::shared_ptr<Backing> b) : b_(std::move(b)) {}
-  std::string name() const override { return b_->name(); }
-  void* malloc(int64_t n) override { return b_->malloc(n); }
-  void free(void* p, int64_t n) override { b_->free(p, n); }
-  int64_t capacity() const override { return b_->capacity(); }
-  int64_t available() const override { return b_->available(); }
-  EventId record_event(StreamId s) override { return b_->record_event(s); }
-  bool event_completed(EventId e) override { return b_->event_completed(e); }
-  void release_event(EventId e) override { b_->release_event(e); }
-  void synchronize() override { b_->synchronize(); }
-  bool supports_expandable() const override { return b_->supports_expandable(); }
-  int64_t page_size() const override { return b_->page_size(); }
-  void* reserve_range(int64_t n) override { return b_->reserve_range(n); }
-  bool map(void* p, int64_t n) override { return b_->map(p, n); }
-  void unmap(void* p, int64_t n) override { b_->unmap(p, n); }
-  void release_range(void* p, int64_t n) override { b_->release_range(p, n); }
-  bool materialized() const override { return b_->materialized(); }
-
- private:
-  std::shared_ptr<Backing> b_;
-};
-
 // Memory another process holds counts against what could be packed: 30 MiB live and a 20 MiB request fit the
 // 64 MiB device, but not the 44 MiB this allocator can have beside the other's 20 MiB — no setting helps, and the
-// message must not suggest one (a replay on the whole 64 MiB would "serve" the request).
+// message must not suggest one (a replay on the whole 64 MiB would "serve" the request). Two allocators on one device:
+// `other` stands for another process.
 TEST(CachingOom, MemoryHeldElsewhereCountsAgainstTheReplays) {
   std::shared_ptr<Backing> device(make_simulated_backing(64 * MiB, /*materialize=*/false));
-  CachingAllocator other(std::make_unique<SharedBacking>(device), parse_alloc_config("expandable_segments:False"));
-  CachingAllocator mine(std::make_unique<SharedBacking>(device), parse_alloc_config("expandable_segments:False"));
+  CachingAllocator other(std::make_unique<ForwardingBacking>(device), parse_alloc_config("expandable_segments:False"));
+  CachingAllocator mine(std::make_unique<ForwardingBacking>(device), parse_alloc_config("expandable_segments:False"));
   void* o = other.allocate(20 * MiB);
   void* x = mine.allocate(30 * MiB);
   const OutOfMemoryError e = expect_oom([&] { mine.allocate(20 * MiB); });

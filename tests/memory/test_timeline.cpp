@@ -26,6 +26,7 @@
 #include "ember/memory/timeline.h"
 #include "ember/memory/trace.h"
 #include "tests/harness/op_harness.h"
+#include "tests/memory/caching_test_util.h"
 
 using namespace ember;
 using namespace ember::memory;
@@ -531,42 +532,27 @@ struct Recorded {
   std::string conf;
 };
 
-// A training-like workload: parameters, then steps of forward activations (mixed sizes, some above max_split_size),
-// a backward pass that frees them out of order while gradients appear, optimizer state on the first step and
-// temporaries freed in random order.
 // An address-only device whose addresses run the other way: each range [p, p + n) of a simulated device is handed
 // out as [K - p - n, K - p) (an involution, so frees and page maps go back through the same formula). Segments thus
 // come at decreasing addresses, as host mmap gives them, where the simulated device (and so every replay) gives
 // increasing ones.
-class MirroredBacking final : public Backing {
+class MirroredBacking final : public caching_test::ForwardingBacking {
  public:
-  explicit MirroredBacking(int64_t capacity) : inner_(make_simulated_backing(capacity, /*materialize=*/false)) {}
-  std::string name() const override { return "mirrored " + inner_->name(); }
-  void* malloc(int64_t n) override { return mirror(inner_->malloc(n), n); }
-  void free(void* p, int64_t n) override { inner_->free(mirror(p, n), n); }
-  int64_t capacity() const override { return inner_->capacity(); }
-  int64_t available() const override { return inner_->available(); }
-  EventId record_event(StreamId s) override { return inner_->record_event(s); }
-  bool event_completed(EventId e) override { return inner_->event_completed(e); }
-  void release_event(EventId e) override { inner_->release_event(e); }
-  void synchronize() override { inner_->synchronize(); }
-  bool supports_expandable() const override { return inner_->supports_expandable(); }
-  int64_t page_size() const override { return inner_->page_size(); }
-  void* reserve_range(int64_t n) override { return mirror(inner_->reserve_range(n), n); }
-  bool map(void* p, int64_t n) override { return inner_->map(mirror(p, n), n); }
-  void unmap(void* p, int64_t n) override { inner_->unmap(mirror(p, n), n); }
-  void release_range(void* p, int64_t n) override { inner_->release_range(mirror(p, n), n); }
-  bool materialized() const override { return false; }
+  explicit MirroredBacking(int64_t capacity)
+      : ForwardingBacking(make_simulated_backing(capacity, /*materialize=*/false)) {}
+  std::string name() const override { return "mirrored " + ForwardingBacking::name(); }
 
  private:
-  static void* mirror(void* p, int64_t n) {
+  void* translate(void* p, int64_t n) const override {
     if (p == nullptr) return nullptr;
     constexpr uint64_t kTop = uint64_t{1} << 60;  // a multiple of every page and alignment
     return reinterpret_cast<void*>(kTop - reinterpret_cast<uint64_t>(p) - static_cast<uint64_t>(n));
   }
-  std::unique_ptr<Backing> inner_;
 };
 
+// A training-like workload: parameters, then steps of forward activations (mixed sizes, some above max_split_size),
+// a backward pass that frees them out of order while gradients appear, optimizer state on the first step and
+// temporaries freed in random order.
 Recorded record(const std::string& conf, uint64_t seed, bool mirrored = false) {
   CachingAllocator a(mirrored ? std::unique_ptr<Backing>(std::make_unique<MirroredBacking>(kDevice))
                               : std::unique_ptr<Backing>(make_simulated_backing(kDevice, /*materialize=*/false)),

@@ -153,6 +153,13 @@ TEST_P(FunctionalTest, CrossEntropyErrors) {
   EXPECT_THROW(F::cross_entropy(x, targets({-1, 0})), IndexError);
   EXPECT_THROW(F::cross_entropy(x, targets({2, 1}).to(DType::i32)), DTypeError);
   EXPECT_THROW(F::cross_entropy(x, targets({2, 1, 0})), ShapeError);
+  // Logits [B, T, V] with targets [B, T]: the message says how to lay them out.
+  try {
+    F::cross_entropy(zeros({2, 3, 5}, {DType::f32, device()}), zeros({2, 3}, {DType::i64, device()}));
+    FAIL() << "expected ShapeError";
+  } catch (const ShapeError& e) {
+    EXPECT_NE(std::string(e.what()).find("flatten to input [B*T, V]"), std::string::npos) << e.what();
+  }
 }
 
 TEST_P(FunctionalTest, NllLoss) {
@@ -173,6 +180,8 @@ TEST_P(FunctionalTest, MseLoss) {
   F::mse_loss(p, b).backward();
   // d/da mean((a - b)^2) = 2 (a - b) / n
   EXPECT_TRUE(allclose(p.grad(), from_vector<double>({0.5, 0.0, -1.0, 1.5}, {2, 2}), {1e-12, 1e-12}));
+  // [N, 1] against [N] would broadcast to [N, N]: refused.
+  EXPECT_THROW(F::mse_loss(a.reshape({4, 1}), b.reshape({4})), ShapeError);
 }
 
 // Batch statistics over (N, L) per channel of x [N, C, L], by loops.
@@ -322,6 +331,16 @@ TEST_P(FunctionalTest, AttentionMatchesNaiveReference) {
                        naive_attention(q, k, v, false, m), {1e-12, 1e-12}));
   EXPECT_THROW(F::scaled_dot_product_attention(q, k, v, m, 0.0, true), ValueError);
   EXPECT_THROW(F::scaled_dot_product_attention(q, rand_input({2, 6, 4}), v), ShapeError);
+  // A mask that does not broadcast to the scores [2, 4, 6] (or would widen them) is named as the attn_mask.
+  for (const Shape& bad : {Shape{4, 5}, Shape{3, 4, 6}, Shape{1, 2, 4, 6}}) {
+    try {
+      F::scaled_dot_product_attention(q, k, v, zeros(bad, DType::b8));
+      ADD_FAILURE() << shape_str(bad);
+    } catch (const ShapeError& e) {
+      EXPECT_NE(std::string(e.what()).find("attn_mask"), std::string::npos) << e.what();
+    }
+  }
+  EXPECT_THROW(F::scaled_dot_product_attention(q, k, v, zeros({4, 6}, DType::i64)), DTypeError);
 }
 
 TEST_P(FunctionalTest, AttentionGradients) {
