@@ -66,7 +66,6 @@
 #include "ember/train/oom_step.h"
 #include "ember/train/progress.h"
 #include "ember/train/runner.h"
-#include "ember/train/runner_tasks.h"
 #include "ember/train/step.h"
 #include "ember/train/system_info.h"
 #include "ember/train/training_checkpoint.h"

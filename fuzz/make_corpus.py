@@ -54,7 +54,8 @@ put("safetensors", "bad_dtype", safetensors([("x", "F8_E4M3", [1], b"\x00")]))
 put("safetensors", "bad_bool", safetensors([("m", "BOOL", [2], b"\x00\x02")]))
 deep = b'{"t":{"dtype":"F32","shape":' + b"[" * 20 + b"]" * 20 + b',"data_offsets":[0,0]}}'
 put("safetensors", "bad_deep_nesting", struct.pack("<Q", len(deep)) + deep)
-put("safetensors", "bad_duplicate_key", b'{"a":{"dtype":"U8","shape":[1],"data_offsets":[0,1]},"a":{}}')
+dup = b'{"a":{"dtype":"U8","shape":[1],"data_offsets":[0,1]},"a":{"dtype":"U8","shape":[1],"data_offsets":[0,1]}}'
+put("safetensors", "bad_duplicate_key", struct.pack("<Q", len(dup)) + dup + b"\x07")
 
 # --- IDX (first byte: bit 0 labels, bit 1 gzip) --------------------------------------------------------------------
 def idx_images(n, rows, cols, pixels):

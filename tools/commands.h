@@ -36,7 +36,7 @@ inline CLI::Validator amp_mode_validator() {
           return e.what();
         }
       },
-      "none|fp16|bf16|autocast-fp16|autocast-bf16");
+      "none|fp32|fp16|bf16|autocast-fp16|autocast-bf16");
 }
 
 // `ember bench train --model mlp|cnn|gpt --steps N --device cpu|cuda[:N] [--warmup N] [--batch-size N]

@@ -142,6 +142,7 @@ void run_summary(const CLI::App* cmd, const MemArgs& a) {
     peak_allocated = std::max(peak_allocated, e.allocated);
     peak_reserved = std::max(peak_reserved, e.reserved);
   }
+  const bool recorded = peak_allocated > 0 || peak_reserved > 0;
   const memory::TimelinePeak peak = memory::timeline_peak(f.events);
   std::vector<memory::OwnerBytes> owners = memory::timeline_owners_at_peak(f.events);
   const size_t num_owners = owners.size();
@@ -158,8 +159,10 @@ void run_summary(const CLI::App* cmd, const MemArgs& a) {
     j["frees"] = frees;
     j["ooms"] = ooms;
     j["annotations"] = annotations;
-    j["peak_allocated_bytes"] = peak_allocated;
-    j["peak_reserved_bytes"] = peak_reserved;
+    // A trace from another tool may carry no allocator totals (every event's allocated and reserved are 0): null,
+    // not a peak of 0.
+    j["peak_allocated_bytes"] = recorded ? ordered_json(peak_allocated) : ordered_json(nullptr);
+    j["peak_reserved_bytes"] = recorded ? ordered_json(peak_reserved) : ordered_json(nullptr);
     j["peak_event_index"] = peak.event_index;
     j["peak_live_bytes"] = peak.allocated;
     j["live_allocations_at_peak"] = peak.live_allocations;
@@ -177,8 +180,11 @@ void run_summary(const CLI::App* cmd, const MemArgs& a) {
   std::printf("): %zu events\n", f.events.size());
   std::printf("  allocations %lld, frees %lld, OOMs %lld, annotations %lld\n", static_cast<long long>(allocs),
               static_cast<long long>(frees), static_cast<long long>(ooms), static_cast<long long>(annotations));
-  std::printf("  recorded peaks: allocated %s, reserved %s\n", memory::format_bytes(peak_allocated).c_str(),
-              memory::format_bytes(peak_reserved).c_str());
+  if (recorded)
+    std::printf("  recorded peaks: allocated %s, reserved %s\n", memory::format_bytes(peak_allocated).c_str(),
+                memory::format_bytes(peak_reserved).c_str());
+  else
+    std::printf("  recorded peaks: none (the events carry no allocated/reserved totals)\n");
   if (peak.event_index < 0) {
     std::printf("  no allocations\n");
     return;

@@ -87,3 +87,11 @@ head -c 1000000 /dev/zero | tr '\\000' '['; head -c 1000000 /dev/zero | tr '\\00
 printf ',\"size\":1,\"stream\":0}\\n'; } > \"$d\" && exec ${CMAKE_COMMAND} -DEMBER=\"$0\" \"-DARGS=mem|summary|$d\" \
 -P ${_mem_scripts}/expect_one_line_error.cmake" $<TARGET_FILE:ember_cli>)
 set_tests_properties(tools.mem_deeply_nested_trace PROPERTIES LABELS tools)
+
+# A JSON Lines trace without the allocator's totals (as another tool may write): the recorded peaks are null, not 0.
+add_test(NAME tools.mem_summary_without_totals
+  COMMAND sh -c "d=${_mem_dir}/no_totals.jsonl; printf '%s\\n%s\\n' \
+'{\"action\":\"alloc\",\"id\":1,\"size\":512,\"stream\":0}' '{\"action\":\"free\",\"id\":1,\"size\":512,\"stream\":0}' \
+> \"$d\" && exec \"$0\" mem summary \"$d\" --json" $<TARGET_FILE:ember_cli>)
+set_tests_properties(tools.mem_summary_without_totals PROPERTIES LABELS tools FIXTURES_REQUIRED mem_trace
+  PASS_REGULAR_EXPRESSION "\"peak_allocated_bytes\":null,\"peak_reserved_bytes\":null,\"peak_event_index\":0,\"peak_live_bytes\":512")

@@ -67,17 +67,29 @@ Tensor binary_op(BinaryOp op, const Tensor& a, const Tensor& b) {
 // floating scalar with an integer/bool tensor gives f32 and an integer scalar with a bool tensor gives i64. Its value
 // is not rounded to that dtype: it becomes a 0-d tensor of the result's compute dtype (op_math_dtype: f32 for
 // f16/bf16), expanded with stride 0, which the kernels load straight into the compute type. So f16 60000 / 100000.0
-// is 0.6, not 60000 / f16(100000) = 60000 / inf = 0.
+// is 0.6, not 60000 / f16(100000) = 60000 / inf = 0. Comparisons are the exception: their kernel takes operands of
+// one dtype, so the scalar is rounded to the tensor's (PyTorch compares a half tensor with a number in half
+// precision too), except that an integer scalar outside an integer tensor's range (u8 against -1, i32 against 2^32)
+// compares in i64 rather than wrapping.
+bool integer_fits(int64_t v, DType d) {
+  switch (d) {
+    case DType::u8: return v >= 0 && v <= 255;
+    case DType::i8: return v >= -128 && v <= 127;
+    case DType::i16: return v >= -32768 && v <= 32767;
+    case DType::i32: return v >= std::numeric_limits<int32_t>::min() && v <= std::numeric_limits<int32_t>::max();
+    default: return true;
+  }
+}
+
 Tensor binary_scalar_op(BinaryOp op, const Tensor& t, Scalar s) {
   const char* name = kernels::binary_op_name(op);
   check_defined(name, t, "tensor operand");
   DType dt = t.dtype();
   if (!is_floating(dt)) dt = !s.is_integral() ? DType::f32 : (dt == DType::b8 ? DType::i64 : dt);
+  if (is_comparison(op) && !is_floating(dt) && s.is_integral() && !integer_fits(s.to_int(), dt)) dt = DType::i64;
   const DType ct = binary_out_dtype(op, dt, t, s.is_integral() ? "an integer scalar" : "a floating scalar");
   Tensor out = empty(t.sizes(), {is_comparison(op) ? DType::b8 : ct, t.device()});
   if (has_elements(out)) {
-    // A comparison's kernel takes operands of one dtype: the scalar is rounded to it (PyTorch compares a half
-    // tensor with a number in half precision too).
     const Tensor scalar = scalar_tensor(s, {is_comparison(op) ? ct : kernels::op_math_dtype(ct), t.device()});
     run_kernel(binary_stub, t.device(), op, t.to(ct), scalar.expand(t.sizes()), out);
   }

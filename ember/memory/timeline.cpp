@@ -289,7 +289,15 @@ std::vector<OwnerBytes> timeline_owners_at_peak(const std::vector<TraceEvent>& e
   Owners owners;
   const Totals t = walk_totals(events, owners);
   if (t.peak_index < 0) return {};
-  return owners_of(alive_at(events, t.peak_index, owners), owners);
+  std::vector<OwnerBytes> out = owners_of(alive_at(events, t.peak_index, owners), owners);
+  // Bytes the recorded `allocated` counts but no traced allocation explains (Note [Bytes before the trace]): one
+  // owner, as the page's bottom band, so the owners add up to the peak.
+  const int64_t before = t.before[static_cast<size_t>(t.peak_index)];
+  if (before > 0) {
+    out.push_back(OwnerBytes{kBeforeName, before, 0});
+    std::stable_sort(out.begin(), out.end(), [](const OwnerBytes& x, const OwnerBytes& y) { return x.bytes > y.bytes; });
+  }
+  return out;
 }
 
 // ---- the page ------------------------------------------------------------------------------------------------------

@@ -46,7 +46,9 @@ struct TimelinePeak {
 TimelinePeak timeline_peak(const std::vector<TraceEvent>& events);
 
 // The owners of the allocations alive at the peak, most bytes first (ties by name). An owner is a tag name
-// ("GPT.blocks.0.attn/forward"); untagged allocations belong to "(untagged)". Empty without alloc events.
+// ("GPT.blocks.0.attn/forward"); untagged allocations belong to "(untagged)"; bytes live from before the trace (or
+// from dropped events) to "(before the trace)", with 0 allocations (unknown), so the bytes add up to
+// TimelinePeak::allocated. Empty without alloc events.
 struct OwnerBytes {
   std::string owner;
   int64_t bytes = 0;        // block sizes summed

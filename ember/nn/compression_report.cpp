@@ -2,6 +2,7 @@
 #include "ember/nn/compression_report.h"
 
 #include <cstdio>
+#include <unordered_map>
 #include <unordered_set>
 
 #include <nlohmann/json.hpp>
@@ -25,19 +26,23 @@ std::string leaf_name(const std::string& dotted) {
   return dot == std::string::npos ? dotted : dotted.substr(dot + 1);
 }
 
-// Bytes of the caching allocator's blocks that hold the given storages (their sizes as rounded by the allocator).
-// By address, not by owner tag: every instance of a model class shares its tag path ("MnistNet/parameters"), so a
-// tally by tag would count every live instance.
-int64_t allocator_block_bytes(const std::unordered_set<const StorageImpl*>& storages, Device device) {
-  auto* caching = dynamic_cast<memory::CachingAllocator*>(&allocator_for(device));
-  if (caching == nullptr) return -1;
-  std::unordered_set<uint64_t> addresses;
-  for (const StorageImpl* s : storages)
-    if (s->nbytes() > 0) addresses.insert(reinterpret_cast<uint64_t>(s->allocation()));
+// Bytes of the caching allocators' blocks that hold the given storages (their sizes as rounded by the allocator),
+// each storage looked up in its own allocator; -1 when one comes from an allocator that is not a caching one (the
+// pinned pool, a host allocator), whose rounding is unknown. By address, not by owner tag: every instance of a model
+// class shares its tag path ("MnistNet/parameters"), so a tally by tag would count every live instance.
+int64_t allocator_block_bytes(const std::unordered_set<const StorageImpl*>& storages) {
+  std::unordered_map<memory::CachingAllocator*, std::unordered_set<uint64_t>> by_allocator;
+  for (const StorageImpl* s : storages) {
+    if (s->nbytes() == 0 || s->allocator() == nullptr) continue;  // nothing held (meta storages have no allocator)
+    auto* caching = dynamic_cast<memory::CachingAllocator*>(s->allocator());
+    if (caching == nullptr) return -1;
+    by_allocator[caching].insert(reinterpret_cast<uint64_t>(s->allocation()));
+  }
   int64_t bytes = 0;
-  for (const memory::SegmentSnapshot& seg : caching->snapshot())
-    for (const memory::BlockSnapshot& b : seg.blocks)
-      if (b.allocated && addresses.count(b.addr)) bytes += b.size;
+  for (const auto& [caching, addresses] : by_allocator)
+    for (const memory::SegmentSnapshot& seg : caching->snapshot())
+      for (const memory::BlockSnapshot& b : seg.blocks)
+        if (b.allocated && addresses.count(b.addr)) bytes += b.size;
   return bytes;
 }
 
@@ -80,7 +85,7 @@ ModelMemory model_memory(const Module& model) {
       m.weight_bytes += conv->packed_weight ? conv->packed_weight->nbytes() : conv->weight.nbytes();
     }
   }
-  if (have_device && !device.is_meta()) m.allocator_bytes = allocator_block_bytes(seen, device);
+  if (have_device && !device.is_meta()) m.allocator_bytes = allocator_block_bytes(seen);
   return m;
 }
 

@@ -20,8 +20,9 @@ struct ModelMemory {
   int64_t weight_bytes = 0;     // the weights of Linear and Conv2d layers, dense or packed (what compression targets)
   // nbytes of every distinct storage above (a tensor shared by two modules counts once).
   int64_t total_bytes = 0;
-  // The caching allocator's bytes in the blocks holding these storages (rounded to its block sizes; by address, so
-  // other live instances of the model's class do not count); -1 when the device's allocator is not a caching one.
+  // The caching allocators' bytes in the blocks holding these storages (rounded to their block sizes; by address,
+  // so other live instances of the model's class do not count); -1 when a storage comes from another kind of
+  // allocator (the pinned pool, a host allocator).
   int64_t allocator_bytes = -1;
 };
 ModelMemory model_memory(const Module& model);

@@ -276,8 +276,7 @@ TrainingCheckpointInfo read_training_checkpoint_info(const std::string& path) {
 // where only the optimizer's load can still refuse (it validates its own dict completely before changing anything),
 // and a snapshot of the optimizer, scaler and scheduler taken before is loaded back if a later step throws anyway.
 // State the file holds for a part the caller did not give (optimizer, scaler, schedule, loader position, a generator)
-// is refused
-// too unless TrainingParts::partial is set: leaving it unread silently would make a resume inexact.
+// is refused too unless TrainingParts::partial is set: leaving it unread silently would make a resume inexact.
 TrainingCheckpointInfo load_training_checkpoint(const std::string& path, const TrainingParts& parts) {
   const char* op = "load_training_checkpoint";
   check_parts(parts, op);

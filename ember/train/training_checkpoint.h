@@ -71,7 +71,8 @@ void save_training_checkpoint(const std::string& path, const TrainingParts& part
 // Restores the parts in place from `path` and returns its manifest. FormatError for a file that is not a complete,
 // well-formed training checkpoint (truncated, corrupt header, malformed or missing manifest, tensors the manifest does
 // not list); ValueError for a checkpoint of another model, optimizer, schedule, loader or generator set (a name,
-// shape or dtype that differs). On any error nothing is changed.
+// shape or dtype that differs), and for one holding state of a part not given unless `parts.partial`. On any error
+// nothing is changed.
 TrainingCheckpointInfo load_training_checkpoint(const std::string& path, const TrainingParts& parts);
 
 // The manifest alone (reads the header only). FormatError as above.

@@ -271,6 +271,14 @@ TEST_P(ElementwiseTest, ScalarComparisonsMatchReferenceAndReturnBool) {
   const Tensor ints = from_vector<int64_t>({-1, 0, 1, 2}, {4}).to(device());
   EXPECT_EQ(gt(ints, 0.5).to_vector<bool>(), (std::vector<bool>{false, false, true, true}));
   EXPECT_EQ(eq(ints, 2).to_vector<bool>(), (std::vector<bool>{false, false, false, true}));
+  // An integer outside the tensor's range compares in i64 instead of wrapping in the tensor's dtype.
+  const Tensor bytes = from_vector<int64_t>({0, 5, 200}, {3}).to(device(), DType::u8);
+  EXPECT_EQ(gt(bytes, -1).to_vector<bool>(), (std::vector<bool>{true, true, true}));
+  EXPECT_EQ(lt(bytes, 300).to_vector<bool>(), (std::vector<bool>{true, true, true}));
+  EXPECT_EQ(eq(bytes, 256 + 5).to_vector<bool>(), (std::vector<bool>{false, false, false}));
+  const Tensor words = from_vector<int64_t>({1, 2, 3}, {3}).to(device(), DType::i32);
+  EXPECT_EQ(eq(words, int64_t{4294967297}).to_vector<bool>(), (std::vector<bool>{false, false, false}));
+  EXPECT_EQ(ne(words, int64_t{-4294967296}).to_vector<bool>(), (std::vector<bool>{true, true, true}));
 }
 
 struct UnarySpec {

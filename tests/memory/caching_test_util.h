@@ -48,6 +48,9 @@ class ForwardingBacking : public Backing {
   void unmap(void* p, int64_t n) override { inner_->unmap(translate(p, n), n); }
   void release_range(void* p, int64_t n) override { inner_->release_range(translate(p, n), n); }
   bool materialized() const override { return inner_->materialized(); }
+  void fill(void* p, int64_t n, unsigned char byte, StreamId stream) override {
+    inner_->fill(translate(p, n), n, byte, stream);
+  }
 
  protected:
   virtual void* translate(void* p, int64_t /*n*/) const { return p; }

@@ -735,12 +735,20 @@ TEST(Timeline, PeakCountsBytesLiveBeforeTheTraceWindow) {
   EXPECT_NE(text.find("(before the trace)"), std::string::npos);
   EXPECT_NE(text.find("10 MiB of the peak were allocated before the trace"), std::string::npos);
   EXPECT_NE(text.find("peak allocated <b>11 MiB</b>"), std::string::npos);
+  // The owners at the peak add up to it: the 10 MiB are one owner, "(before the trace)", first.
+  const std::vector<OwnerBytes> owners = timeline_owners_at_peak(events);
+  ASSERT_EQ(owners.size(), 2u);
+  EXPECT_EQ(owners[0].owner, "(before the trace)");
+  EXPECT_EQ(owners[0].bytes, 10 * MiB);
+  EXPECT_EQ(owners[0].allocations, 0);
+  EXPECT_EQ(owners[1].bytes, MiB);
   a.deallocate(held);
 
   // Without recorded bytes (a file from another tool) the page is the walk alone: no band, the walked peak.
   std::vector<TraceEvent> bare = events;
   for (TraceEvent& e : bare) e.allocated = 0;
   EXPECT_EQ(timeline_peak(bare).allocated, MiB);
+  EXPECT_EQ(timeline_owners_at_peak(bare).size(), 1u);
   std::ostringstream bare_page;
   write_timeline_html(bare, bare_page);
   EXPECT_EQ(bare_page.str().find("(before the trace)"), std::string::npos);

@@ -24,6 +24,10 @@ TEST(CompressionReport, CountsParametersBuffersAndWeights) {
                                            std::make_shared<Linear>(16, 4));
   EXPECT_EQ(model_memory(*net).allocator_bytes, 4 * 512);
   EXPECT_EQ(model_memory(*twin).allocator_bytes, 4 * 512);
+  // A storage from an allocator of another kind (the pinned pool): its rounding is unknown, so no allocator bytes.
+  auto pinned = std::make_shared<Linear>(2, 2);
+  pinned->register_buffer("staging", empty_pinned({256}));
+  EXPECT_EQ(model_memory(*pinned).allocator_bytes, -1);
 
   // Buffers are sorted by name: a mask, a packed weight, anything else.
   auto lin = net->at<Linear>(0);
