@@ -364,6 +364,11 @@ add_test(NAME tools.info_json_non_utf8_alloc_conf
 set_tests_properties(tools.info_json_non_utf8_alloc_conf PROPERTIES LABELS tools
   PASS_REGULAR_EXPRESSION "\"alloc_conf\":{\"env\":")
 ember_train_test(info_readable run "info" MATCH "ember [0-9.]+ .*cpu: [0-9]+ cores.*EMBER_ALLOC_CONF")
+# A fraction of host memory, which has no capacity: `info` says the setting does nothing there.
+add_test(NAME tools.info_notes_inert_cpu_settings
+  COMMAND sh -c "EMBER_ALLOC_CONF=per_process_memory_fraction:0.5 exec \"$0\" info" $<TARGET_FILE:ember_cli>)
+set_tests_properties(tools.info_notes_inert_cpu_settings PROPERTIES LABELS tools
+  PASS_REGULAR_EXPRESSION "note: per_process_memory_fraction has no effect on the CPU allocator")
 
 # An OOM in the traced steps: the trace up to the failure is still written; the one-line error counts only mapped
 # bytes in the largest free block and replays the history only under settings that are not on already (expandable

@@ -122,7 +122,17 @@ SystemInfo system_info() {
   }
   try {
     s.alloc_conf_effective = memory::alloc_config_from_env().explicit_str();
-    s.cpu_allocator_conf = memory::effective_config(memory::cpu_allocator()).explicit_str();
+    const memory::AllocatorConfig cpu = memory::effective_config(memory::cpu_allocator());
+    s.cpu_allocator_conf = cpu.explicit_str();
+    if (cpu.capacity == memory::kNoLimit && memory::cpu_allocator().backing().capacity() == memory::kNoLimit) {
+      std::vector<std::string> inert;
+      if (cpu.memory_fraction < 1.0) inert.push_back("per_process_memory_fraction");
+      if (cpu.garbage_collection_threshold > 0.0) inert.push_back("garbage_collection_threshold");
+      if (!inert.empty())
+        s.cpu_allocator_note = (inert.size() == 2 ? inert[0] + " and " + inert[1] + " have" : inert[0] + " has") +
+                               " no effect on the CPU allocator: host memory has no capacity to take a fraction of "
+                               "(add capacity:SIZE)";
+    }
   } catch (const Error& e) {
     s.alloc_conf_error = e.what();
   }
@@ -160,7 +170,8 @@ std::string SystemInfo::to_json() const {
   j["alloc_conf"] = {{"env", alloc_conf_set ? json(alloc_conf_env) : json()},
                      {"effective", alloc_conf_error.empty() ? json(alloc_conf_effective) : json()},
                      {"error", text_or_null(alloc_conf_error)},
-                     {"cpu_allocator", alloc_conf_error.empty() ? json(cpu_allocator_conf) : json()}};
+                     {"cpu_allocator", alloc_conf_error.empty() ? json(cpu_allocator_conf) : json()},
+                     {"cpu_allocator_note", cpu_allocator_note.empty() ? json() : json(cpu_allocator_note)}};
   // EMBER_ALLOC_CONF (and the error quoting it) may hold any bytes: invalid UTF-8 becomes U+FFFD, never a throw.
   return j.dump(-1, ' ', false, json::error_handler_t::replace);
 }
@@ -192,6 +203,7 @@ std::string SystemInfo::to_string() const {
        << (cpu_allocator_conf.empty() ? std::string("PyTorch's defaults (fixed segments)") : cpu_allocator_conf);
   else
     os << " -> error: " << alloc_conf_error;
+  if (!cpu_allocator_note.empty()) os << "\n  note: " << cpu_allocator_note;
   return os.str();
 }
 

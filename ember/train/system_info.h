@@ -53,6 +53,9 @@ struct SystemInfo {
   std::string alloc_conf_error;     // the ConfigError of a malformed EMBER_ALLOC_CONF ("" otherwise)
   std::string cpu_allocator_conf;   // what the CPU allocator really runs: expandable segments only where its backing
                                     // supports them (a simulated device with a capacity), else fixed segments
+  // Settings of the CPU allocator's configuration that do nothing there ("" when none): per_process_memory_fraction
+  // and garbage_collection_threshold are fractions of a capacity, and host memory has none unless capacity:SIZE.
+  std::string cpu_allocator_note;
   std::string to_json() const;      // one line; keys in docs/cli.md
   std::string to_string() const;    // a few readable lines
 };
