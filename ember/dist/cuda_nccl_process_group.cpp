@@ -175,7 +175,10 @@ class NcclProcessGroup : public ProcessGroup {
   }
 
  private:
-  static ncclRedOp_t nccl_op(ReduceOp op) { return op == ReduceOp::Sum ? ncclSum : ncclAvg; }
+  // The average over one rank is its sum, and NCCL's single-rank path is only trusted with ncclSum: NCCL 2.28.9 on one
+  // H100 left a reduce-scatter's output unwritten for ncclAvg at 1,863,690 f32 (3 and 1000 elements came out right,
+  // ncclSum at every size), which turned ZeRO-1's gradient shard into stale memory.
+  ncclRedOp_t nccl_op(ReduceOp op) const { return op == ReduceOp::Sum || size() == 1 ? ncclSum : ncclAvg; }
   static void check_reducible(const char* op, DType d, ReduceOp rop) {
     EMBER_CHECK(d != DType::b8 && d != DType::u8 && d != DType::i16, DTypeError, "dist::", op, ": NCCL does not reduce ",
                 dtype_name(d));

@@ -184,7 +184,8 @@ TEST_P(CrossEntropyTest, HalfLogitsUnderAutocastAreNotCopiedToF32) {
       loss = F::cross_entropy(x, t);
     }
     EXPECT_EQ(loss.dtype(), DType::f32);
-    const Tensor want = F::cross_entropy(x.to(DType::f64), t.to(Device::cpu()));  // the rounded logits, in f64
+    // The rounded logits, in f64 on the CPU.
+    const Tensor want = F::cross_entropy(x.to(Device::cpu(), DType::f64), t.to(Device::cpu()));
     EXPECT_TRUE(allclose(loss, want, {1e-5, 1e-6})) << dtype_name(dt);
   }
 }
