@@ -29,6 +29,8 @@ using ::ember::cuda::SumOp;
 using ::ember::cuda::warp_all_reduce;
 using ::ember::cuda::DeviceGuard;
 using ::ember::cuda::MatrixRef;
+using ::ember::cuda::Pack;
+using ::ember::cuda::pack_aligned;
 
 // Note [Attention tiles]
 // A tile is one head h, the batch elements [b0, b0 + nb) and the query rows [i0, i0 + ni). Its keys are [0, nk):
@@ -144,6 +146,99 @@ __global__ void __launch_bounds__(kRowThreads) attention_rows_kernel(RowArgs a) 
   }
 }
 
+// The warp path of attention_rows_kernel over rows that are whole 16-byte packs (Pack: nk a multiple of the pack
+// width, scratch aligned): lane l holds packs l, l + 32, ... of its row in registers (at most kWarpMaxCols / 32
+// values), so a row is read once and written once with 128-bit accesses, where the scalar kernel reads it two or
+// three times, one element per lane. The packs wholly past a causal row's last key are not read, only zeroed. The
+// arithmetic is the scalar kernel's (the same max, sums and rounding), in another order of summation.
+template <class T>
+__global__ void __launch_bounds__(kRowThreads) attention_rows_pack_kernel(RowArgs a) {
+  using acc_t = op_math_t<T>;
+  using P = Pack<T>;
+  constexpr int V = P::kSize;
+  constexpr int kPacks = static_cast<int>(kWarpMaxCols / kWarpSize) / V;  // per lane
+  const int lane = static_cast<int>(threadIdx.x) % kWarpSize;
+  const int64_t groups = blockDim.x / kWarpSize;
+  const acc_t inf = std::numeric_limits<acc_t>::infinity();
+  const int64_t packs = a.nk / V;
+  for (int64_t r = static_cast<int64_t>(blockIdx.x) * groups + threadIdx.x / kWarpSize; r < a.rows;
+       r += static_cast<int64_t>(gridDim.x) * groups) {  // uniform across the warp
+    const int64_t i = a.i0 + r % a.ni;
+    const int64_t n = a.causal ? i + 1 : a.nk;
+    P* s = reinterpret_cast<P*>(static_cast<T*>(a.s) + r * a.nk);
+    acc_t v[kPacks][V];
+    EMBER_UNROLL
+    for (int c = 0; c < kPacks; ++c) {
+      const int64_t pc = lane + static_cast<int64_t>(c) * kWarpSize;
+      const bool live = pc < packs && pc * V < n;
+      P p;
+      if (live) p = s[pc];
+      EMBER_UNROLL
+      for (int e = 0; e < V; ++e) v[c][e] = live ? static_cast<acc_t>(p.v[e]) : acc_t(0);
+    }
+    if (a.mode == RowMode::Backward) {
+      P* d = reinterpret_cast<P*>(static_cast<T*>(a.d) + r * a.nk);
+      acc_t dw[kPacks][V];
+      double dot_sum = 0;  // summed in double as the CPU kernel does
+      EMBER_UNROLL
+      for (int c = 0; c < kPacks; ++c) {
+        const int64_t pc = lane + static_cast<int64_t>(c) * kWarpSize;
+        const bool live = pc < packs && pc * V < n;
+        P p;
+        if (live) p = d[pc];
+        EMBER_UNROLL
+        for (int e = 0; e < V; ++e) {
+          dw[c][e] = live ? static_cast<acc_t>(p.v[e]) : acc_t(0);
+          if (live && pc * V + e < n) dot_sum += static_cast<double>(v[c][e]) * static_cast<double>(dw[c][e]);
+        }
+      }
+      const acc_t dot = static_cast<acc_t>(warp_all_reduce(dot_sum, SumOp{}));
+      const acc_t scale = static_cast<acc_t>(a.scale);
+      EMBER_UNROLL
+      for (int c = 0; c < kPacks; ++c) {
+        const int64_t pc = lane + static_cast<int64_t>(c) * kWarpSize;
+        if (pc >= packs) continue;
+        P o;
+        EMBER_UNROLL
+        for (int e = 0; e < V; ++e) o.v[e] = T(pc * V + e < n ? v[c][e] * (dw[c][e] - dot) * scale : acc_t(0));
+        d[pc] = o;
+      }
+      continue;
+    }
+    acc_t* lse = static_cast<acc_t*>(a.lse) + a.lse_offset + (r / a.ni) * a.lse_batch_stride + i;
+    acc_t l;
+    if (a.mode == RowMode::Softmax) {
+      acc_t mx = -inf;  // NaN if any entry is (nan_max), as the scalar kernel
+      EMBER_UNROLL
+      for (int c = 0; c < kPacks; ++c)
+        EMBER_UNROLL
+        for (int e = 0; e < V; ++e)
+          if ((lane + static_cast<int64_t>(c) * kWarpSize) * V + e < n) mx = nan_max(mx, v[c][e]);
+      mx = warp_all_reduce(mx, MaxOp{});
+      acc_t sum = 0;
+      EMBER_UNROLL
+      for (int c = 0; c < kPacks; ++c)
+        EMBER_UNROLL
+        for (int e = 0; e < V; ++e)
+          if ((lane + static_cast<int64_t>(c) * kWarpSize) * V + e < n) sum += ember_exp(v[c][e] - mx);
+      sum = warp_all_reduce(sum, SumOp{});
+      l = mx + ember_log(sum);
+      if (lane == 0) *lse = l;
+    } else {
+      l = *lse;
+    }
+    EMBER_UNROLL
+    for (int c = 0; c < kPacks; ++c) {
+      const int64_t pc = lane + static_cast<int64_t>(c) * kWarpSize;
+      if (pc >= packs) continue;
+      P o;
+      EMBER_UNROLL
+      for (int e = 0; e < V; ++e) o.v[e] = T(pc * V + e < n ? ember_exp(v[c][e] - l) : acc_t(0));
+      s[pc] = o;
+    }
+  }
+}
+
 // ---- launchers --------------------------------------------------------------------------------------------------
 
 template <class T>
@@ -152,7 +247,12 @@ void launch_rows(const RowArgs& a, int device, cudaStream_t stream) {
   const int64_t needed = (a.rows + per_block - 1) / per_block;
   const int64_t cap = static_cast<int64_t>(::ember::cuda::device_properties(device).sm_count) * kRowBlocksPerSm;
   const int64_t blocks = std::max<int64_t>(1, std::min(needed, cap));
-  attention_rows_kernel<T><<<static_cast<unsigned int>(blocks), kRowThreads, 0, stream>>>(a);
+  const bool packed = !a.block_per_row && a.nk % Pack<T>::kSize == 0 && pack_aligned(a.s) &&
+                      (a.mode != RowMode::Backward || pack_aligned(a.d));
+  if (packed)
+    attention_rows_pack_kernel<T><<<static_cast<unsigned int>(blocks), kRowThreads, 0, stream>>>(a);
+  else
+    attention_rows_kernel<T><<<static_cast<unsigned int>(blocks), kRowThreads, 0, stream>>>(a);
   EMBER_CUDA_LAUNCH_CHECK();
 }
 

@@ -30,6 +30,8 @@ using ::ember::cuda::grid_stride_step;
 using ::ember::cuda::kElementwiseThreads;
 using ::ember::cuda::make_offset_calculator;
 using ::ember::cuda::OffsetCalculator;
+using ::ember::cuda::Pack;
+using ::ember::cuda::pack_aligned;
 
 // Note [Softmax and layer norm kernel shapes]
 // A "row" is the set of elements one result depends on: the n elements along the softmax dim, or one layer-norm row.
@@ -112,6 +114,62 @@ __global__ void __launch_bounds__(kWarpThreads, kWarpMinBlocksPerSm) softmax_war
     for (int i = 0; i < kWarpPerLane; ++i) {
       const int64_t k = lane + static_cast<int64_t>(i) * kWarpSize;
       if (k < a.n) y[k * a.out_stride] = T(a.log ? v[i] - mx - lse : v[i] * inv);
+    }
+  }
+}
+
+// The warp path over contiguous rows of whole 16-byte packs (the softmax dim innermost in both tensors, n a multiple
+// of the pack width, both aligned): lane l holds packs l, l + 32, ... of its row, read and written with 128-bit
+// accesses where softmax_warp_kernel moves one element per lane and access. Same arithmetic, another summation order.
+template <class T>
+__global__ void __launch_bounds__(kWarpThreads, kWarpMinBlocksPerSm) softmax_warp_pack_kernel(SoftmaxArgs a) {
+  using acc_t = op_math_t<T>;
+  using P = Pack<T>;
+  constexpr int V = P::kSize;
+  constexpr int kPacks = kWarpPerLane / V;  // per lane
+  const int lane = static_cast<int>(threadIdx.x) % kWarpSize;
+  const int64_t warps_per_block = blockDim.x / kWarpSize;
+  const int64_t first = static_cast<int64_t>(blockIdx.x) * warps_per_block + threadIdx.x / kWarpSize;
+  const int64_t step = static_cast<int64_t>(gridDim.x) * warps_per_block;
+  const int64_t packs = a.n / V;
+  for (int64_t row = first; row < a.rows; row += step) {  // uniform across the warp
+    const P* x = reinterpret_cast<const P*>(static_cast<const T*>(a.in) + row * a.n);
+    P* y = reinterpret_cast<P*>(static_cast<T*>(a.out) + row * a.n);
+    acc_t v[kPacks][V];
+    acc_t mx = neg_inf<acc_t>();
+    EMBER_UNROLL
+    for (int c = 0; c < kPacks; ++c) {
+      const bool live = lane + static_cast<int64_t>(c) * kWarpSize < packs;
+      P p;
+      if (live) p = x[lane + c * kWarpSize];
+      EMBER_UNROLL
+      for (int e = 0; e < V; ++e) {
+        v[c][e] = live ? static_cast<acc_t>(p.v[e]) : acc_t(0);
+        if (live) mx = nan_max(mx, v[c][e]);
+      }
+    }
+    mx = warp_all_reduce(mx, MaxOp{});
+    acc_t sum = 0;
+    EMBER_UNROLL
+    for (int c = 0; c < kPacks; ++c) {
+      if (lane + static_cast<int64_t>(c) * kWarpSize >= packs) continue;
+      EMBER_UNROLL
+      for (int e = 0; e < V; ++e) {
+        const acc_t ex = ember_exp(v[c][e] - mx);
+        if (!a.log) v[c][e] = ex;  // exp once per element; the log form needs x - mx again instead
+        sum += ex;
+      }
+    }
+    sum = warp_all_reduce(sum, SumOp{});
+    const acc_t lse = a.log ? ember_log(sum) : acc_t(0);
+    const acc_t inv = a.log ? acc_t(0) : acc_t(1) / sum;
+    EMBER_UNROLL
+    for (int c = 0; c < kPacks; ++c) {
+      if (lane + static_cast<int64_t>(c) * kWarpSize >= packs) continue;
+      P o;
+      EMBER_UNROLL
+      for (int e = 0; e < V; ++e) o.v[e] = T(a.log ? v[c][e] - mx - lse : v[c][e] * inv);
+      y[lane + c * kWarpSize] = o;
     }
   }
 }
@@ -379,7 +437,12 @@ void launch_softmax(const char* op, const Tensor& in, const Tensor& out, int64_t
     EMBER_CUDA_LAUNCH_CHECK();
   } else if (a.n <= kWarpMaxCols) {
     const unsigned int blocks = capped_blocks(a.rows, kWarpThreads / kWarpSize, 16, device);
-    softmax_warp_kernel<T><<<blocks, kWarpThreads, 0, stream>>>(a);
+    const bool packed = dim == in.dim() - 1 && in.is_contiguous() && out.is_contiguous() &&
+                        a.n % Pack<T>::kSize == 0 && pack_aligned(a.in) && pack_aligned(a.out);
+    if (packed)
+      softmax_warp_pack_kernel<T><<<blocks, kWarpThreads, 0, stream>>>(a);
+    else
+      softmax_warp_kernel<T><<<blocks, kWarpThreads, 0, stream>>>(a);
     EMBER_CUDA_LAUNCH_CHECK();
   } else {
     const size_t smem = row_cache_bytes<op_math_t<T>>(a.n);
