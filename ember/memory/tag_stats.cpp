@@ -6,35 +6,6 @@
 
 namespace ember::memory {
 
-TagStatsTable::Entry& TagStatsTable::entry(TagId tag) {
-  if (tag >= entries_.size()) entries_.resize(static_cast<size_t>(tag) + 1);
-  Entry& e = entries_[tag];
-  e.used = true;
-  return e;
-}
-
-void TagStatsTable::touch(Entry& e) {
-  if (e.generation != peak_gen_) {  // first change since the latest peak: remember the value at that peak
-    e.saved = e.current;
-    e.generation = peak_gen_;
-  }
-}
-
-void TagStatsTable::on_alloc(TagId tag, int64_t bytes, bool new_peak) {
-  Entry& e = entry(tag);
-  touch(e);
-  e.current += bytes;
-  e.peak = std::max(e.peak, e.current);
-  ++e.num_allocs;
-  if (new_peak) ++peak_gen_;  // the peak includes this allocation: every tag's at-peak value is its current one
-}
-
-void TagStatsTable::on_free(TagId tag, int64_t bytes) {
-  Entry& e = entry(tag);
-  touch(e);
-  e.current -= bytes;
-}
-
 void TagStatsTable::on_retag(TagId from, TagId to, int64_t bytes) {
   if (from == to) return;
   entry(std::max(from, to));  // sized for both before taking references

@@ -44,4 +44,34 @@ class TagStatsTable {
   uint64_t peak_gen_ = 1;
 };
 
+// The per-allocation calls, inline: the allocator makes one of them for every allocate and every free.
+inline TagStatsTable::Entry& TagStatsTable::entry(TagId tag) {
+  if (tag >= entries_.size()) entries_.resize(static_cast<size_t>(tag) + 1);
+  Entry& e = entries_[tag];
+  e.used = true;
+  return e;
+}
+
+inline void TagStatsTable::touch(Entry& e) {
+  if (e.generation != peak_gen_) {  // first change since the latest peak: remember the value at that peak
+    e.saved = e.current;
+    e.generation = peak_gen_;
+  }
+}
+
+inline void TagStatsTable::on_alloc(TagId tag, int64_t bytes, bool new_peak) {
+  Entry& e = entry(tag);
+  touch(e);
+  e.current += bytes;
+  if (e.current > e.peak) e.peak = e.current;
+  ++e.num_allocs;
+  if (new_peak) ++peak_gen_;  // the peak includes this allocation: every tag's at-peak value is its current one
+}
+
+inline void TagStatsTable::on_free(TagId tag, int64_t bytes) {
+  Entry& e = entry(tag);
+  touch(e);
+  e.current -= bytes;
+}
+
 }  // namespace ember::memory
