@@ -9,3 +9,10 @@
 #define EMBER_HD
 #define EMBER_HD_INLINE inline
 #endif
+
+// Loop unrolling hint for device code only (host compilers do not know the pragma).
+#if defined(__CUDA_ARCH__)
+#define EMBER_UNROLL _Pragma("unroll")
+#else
+#define EMBER_UNROLL
+#endif

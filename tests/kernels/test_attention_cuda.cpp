@@ -9,83 +9,19 @@
 #include <vector>
 
 #include "tests/harness/op_harness.h"
+#include "tests/kernels/attention_reference.h"
+
+#if defined(EMBER_WITH_CUDA)
+#include "ember/kernels/cuda/attention.h"
+#endif
 
 namespace ember::testing {
 namespace {
 
 class AttentionCudaTest : public DeviceTest {};
 
-// out [B, T, C], lse [B, H, T] and grad_qkv [B, T, 3 C] for grad_out [B, T, C], in float64.
-struct Reference {
-  std::vector<double> out, lse, grad;
-};
-
-Reference naive_attention(const std::vector<double>& x, const std::vector<double>& go, int64_t B, int64_t T, int64_t C,
-                          int64_t H, bool causal) {
-  const int64_t hd = C / H, R = 3 * C;
-  const double scale = 1.0 / std::sqrt(static_cast<double>(hd));
-  Reference r{std::vector<double>(static_cast<size_t>(B * T * C), 0.0),
-              std::vector<double>(static_cast<size_t>(B * H * T)),
-              std::vector<double>(static_cast<size_t>(B * T * R), 0.0)};
-  std::vector<double> p(static_cast<size_t>(T)), dp(static_cast<size_t>(T));
-  auto qkv_index = [&](int64_t b, int64_t t, int64_t part, int64_t h) {
-    return static_cast<size_t>((b * T + t) * R + part * C + h * hd);
-  };
-  for (int64_t b = 0; b < B; ++b)
-    for (int64_t h = 0; h < H; ++h)
-      for (int64_t i = 0; i < T; ++i) {
-        const int64_t n = causal ? i + 1 : T;
-        const size_t qi = qkv_index(b, i, 0, h);
-        double mx = -std::numeric_limits<double>::infinity();
-        for (int64_t j = 0; j < n; ++j) {
-          const size_t kj = qkv_index(b, j, 1, h);
-          double s = 0.0;
-          for (int64_t e = 0; e < hd; ++e) s += x[qi + e] * x[kj + e];
-          p[j] = s * scale;
-          mx = std::max(mx, p[j]);
-        }
-        double sum = 0.0;
-        for (int64_t j = 0; j < n; ++j) sum += std::exp(p[j] - mx);
-        const double lse = mx + std::log(sum);
-        r.lse[static_cast<size_t>((b * H + h) * T + i)] = lse;
-        const size_t oi = static_cast<size_t>((b * T + i) * C + h * hd);
-        double dot = 0.0;  // <d weights, weights> of row i
-        for (int64_t j = 0; j < n; ++j) {
-          const size_t vj = qkv_index(b, j, 2, h);
-          p[j] = std::exp(p[j] - lse);
-          double d = 0.0;
-          for (int64_t e = 0; e < hd; ++e) {
-            r.out[oi + e] += p[j] * x[vj + e];
-            d += go[oi + e] * x[vj + e];
-          }
-          dp[j] = d;
-          dot += p[j] * d;
-        }
-        for (int64_t j = 0; j < n; ++j) {
-          const double ds = p[j] * (dp[j] - dot) * scale;  // d score ij
-          const size_t kj = qkv_index(b, j, 1, h), vj = qkv_index(b, j, 2, h);
-          for (int64_t e = 0; e < hd; ++e) {
-            r.grad[qi + e] += ds * x[kj + e];
-            r.grad[kj + e] += ds * x[qi + e];
-            r.grad[vj + e] += p[j] * go[oi + e];
-          }
-        }
-      }
-  return r;
-}
-
-// max |actual - expected| / max |expected| (infinite when actual holds a NaN or the sizes differ).
 double normalised_error(const Tensor& actual, const std::vector<double>& expected) {
-  const std::vector<double> a = actual.to_vector<double>();
-  if (a.size() != expected.size()) return std::numeric_limits<double>::infinity();
-  double diff = 0.0, ref = 0.0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    const double d = std::abs(a[i] - expected[i]);
-    if (std::isnan(d)) return std::numeric_limits<double>::infinity();
-    diff = std::max(diff, d);
-    ref = std::max(ref, std::abs(expected[i]));
-  }
-  return ref > 0.0 ? diff / ref : diff;
+  return ::ember::testing::normalised_error(actual.to_vector<double>(), expected);
 }
 
 // f16/bf16: scores, weights and d scores are stored in 16 bits between the products (Note [Attention precision] in
@@ -154,6 +90,52 @@ TEST_P(AttentionCudaTest, LongRowsAndSeveralTiles) {
   check_attention(device(), DType::f32, {1, 6144, 4, 1}, false);
   check_attention(device(), DType::bf16, {2, 1500, 8, 2}, true);
 }
+
+#if defined(EMBER_WITH_CUDA)
+
+using ::ember::cuda::AttentionStrategy;
+
+// Sets the CUDA attention path for one test and restores the previous one.
+class AttentionStrategyScope {
+ public:
+  explicit AttentionStrategyScope(AttentionStrategy s) : previous_(::ember::cuda::attention_strategy()) {
+    ::ember::cuda::set_attention_strategy(s);
+  }
+  ~AttentionStrategyScope() { ::ember::cuda::set_attention_strategy(previous_); }
+
+ private:
+  AttentionStrategy previous_;
+};
+
+// The flash kernels (Note [Flash attention] in ember/kernels/cuda/attention_flash_kernels.cuh) on the GPU: f16/bf16
+// at head sizes 32 and 64, T around the 64-row tiles (1, 7, 64, 65, 130, 300), causal and not, one to four heads,
+// and a GPT-sized row of 1024 keys; each call must have run the flash path (flash_attention_calls).
+TEST_P(AttentionCudaTest, FlashMatchesFloat64Reference) {
+  if (!device().is_cuda()) GTEST_SKIP() << "the CUDA flash kernels";
+  const AttentionStrategyScope flash(AttentionStrategy::Flash);
+  for (DType dt : {DType::f16, DType::bf16})
+    for (const auto& [H, C] : std::vector<std::pair<int64_t, int64_t>>{{1, 32}, {2, 128}, {4, 128}, {1, 64}})
+      for (int64_t T : {1, 7, 64, 65, 130, 300})
+        for (bool causal : {true, false}) {
+          ASSERT_TRUE(::ember::cuda::flash_attention_supported(dt, C / H));
+          const int64_t calls = ::ember::cuda::flash_attention_calls();
+          check_attention(device(), dt, {2, T, C, H}, causal);
+          EXPECT_EQ(::ember::cuda::flash_attention_calls(), calls + 2) << "forward and backward on the flash path";
+        }
+  for (bool causal : {true, false}) check_attention(device(), DType::bf16, {1, 1024, 128, 2}, causal);
+}
+
+// Under Flash, calls the flash kernels do not cover (f32, head size 4) run the tiled path and stay exact.
+TEST_P(AttentionCudaTest, FlashFallsBackToTiledOutsideItsCover) {
+  if (!device().is_cuda()) GTEST_SKIP() << "the CUDA attention paths";
+  const AttentionStrategyScope flash(AttentionStrategy::Flash);
+  const int64_t calls = ::ember::cuda::flash_attention_calls();
+  check_attention(device(), DType::f32, {2, 65, 64, 2}, true);
+  check_attention(device(), DType::bf16, {2, 65, 16, 4}, true);
+  EXPECT_EQ(::ember::cuda::flash_attention_calls(), calls);
+}
+
+#endif  // EMBER_WITH_CUDA
 
 EMBER_INSTANTIATE_DEVICE_TESTS(AttentionCudaTest);
 

@@ -1,6 +1,7 @@
-// CUDA kernels of the fused attention over packed q, k, v (`attention`, `attention_backward` stubs): the products run
-// through gemm() (blas.h), reading q, k, v and grad_out and writing the columns of out and grad_qkv in place, and one
-// row kernel does the masked softmax with its lse, the weights' recomputation from lse, and the softmax backward.
+// CUDA kernels of the fused attention over packed q, k, v (`attention`, `attention_backward` stubs). The tiled path:
+// the products run through gemm() (blas.h), reading q, k, v and grad_out and writing the columns of out and grad_qkv
+// in place, and one row kernel does the masked softmax with its lse, the weights' recomputation from lse, and the
+// softmax backward. Under the Flash strategy (attention.h) the calls it covers run attention_flash.cu instead.
 // Invariant: nothing of size T x T outlives a call, the scratch of a call is bounded (Note [Attention tiles]), and
 // every element of out, lse and grad_qkv is written.
 #include <algorithm>
@@ -10,6 +11,7 @@
 
 #include "ember/base/cuda_check.h"
 #include "ember/core/tensor.h"
+#include "ember/kernels/cuda/attention_flash.h"
 #include "ember/kernels/cuda/blas.h"
 #include "ember/kernels/cuda/block_reduce.cuh"
 #include "ember/kernels/cuda/device_info.h"
@@ -59,7 +61,8 @@ constexpr int64_t kScratchBytes = int64_t{128} << 20;
 // in 16 bits between the products. A score is then off by up to 2^-11 |s| (f16) or 2^-8 |s| (bf16), which e^(s - lse)
 // turns into that relative error of the weight; an f16 score beyond 65504 is +inf and makes its row NaN (a +inf
 // score does the same on the CPU). Converting q and k to f32 first would avoid the rounding but cost f32 copies of
-// them and the f16/bf16 tensor-core rate of the largest products.
+// them and the f16/bf16 tensor-core rate of the largest products. (The flash path keeps its scores in f32: Note
+// [Flash attention] in attention_flash.cu.)
 
 constexpr int kRowThreads = 256;         // both paths: 8 rows per block on the warp path, 1 on the block path
 constexpr int64_t kWarpMaxCols = 1024;   // rows longer than this take a block each
@@ -441,6 +444,12 @@ void attention_cuda(const Tensor& qkv, int64_t n_head, bool causal, const Tensor
   const int device = qkv.device().index;
   DeviceGuard guard(device);
   const cudaStream_t stream = ::ember::cuda::current_stream(device).get();
+  const ::ember::cuda::FlashShape fs{g.B, g.T, g.C, g.H};
+  if (::ember::cuda::flash_attention_applies(g.dtype, fs, qkv.raw_data(), nullptr, device)) {
+    ::ember::cuda::flash_attention_forward(g.dtype, fs, causal, qkv.raw_data(), out.raw_data(),
+                                           static_cast<float*>(lse.raw_data()), device, stream);
+    return;
+  }
   forward(g, causal, qkv.raw_data(), out.raw_data(), lse.raw_data(), device, stream);
 }
 
@@ -454,6 +463,13 @@ void attention_backward_cuda(const Tensor& grad_out, const Tensor& qkv, const Te
   const int device = qkv.device().index;
   DeviceGuard guard(device);
   const cudaStream_t stream = ::ember::cuda::current_stream(device).get();
+  const ::ember::cuda::FlashShape fs{g.B, g.T, g.C, g.H};
+  if (::ember::cuda::flash_attention_applies(g.dtype, fs, qkv.raw_data(), grad_out.raw_data(), device)) {
+    ::ember::cuda::flash_attention_backward(g.dtype, fs, causal, grad_out.raw_data(), qkv.raw_data(),
+                                            static_cast<const float*>(lse.raw_data()), grad_qkv.raw_data(), device,
+                                            stream);
+    return;
+  }
   backward(g, causal, grad_out.raw_data(), qkv.raw_data(), lse.raw_data(), grad_qkv.raw_data(), device, stream);
 }
 

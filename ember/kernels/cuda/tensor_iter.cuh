@@ -15,13 +15,6 @@
 
 namespace ember::cuda {
 
-// Loop unrolling hint for device code only (host compilers do not know the pragma).
-#if defined(__CUDA_ARCH__)
-#define EMBER_UNROLL _Pragma("unroll")
-#else
-#define EMBER_UNROLL
-#endif
-
 inline constexpr int kMaxIterDims = 8;
 inline constexpr int kElementwiseThreads = 256;
 

@@ -1,0 +1,504 @@
+// The flash attention kernels of attention_flash.cu (Note [Flash attention]) and their launch geometry, in a header
+// so that a host compiler can build them too: tests/kernels/test_attention_flash_emulated.cpp runs them on the CPU
+// under tests/harness/simt_emulator.h, which defines the CUDA keywords and the warp primitives used here
+// (__syncthreads, __shfl_xor_sync, mma_16816) before including this file.
+// Invariant: every element of out, lse and grad_qkv (and of the backward's delta scratch) is written exactly once, by
+// the block that owns its row; reads past T are zero-filled and masked, so any T >= 1 is exact up to the roundings of
+// Note [Flash attention].
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+
+#include "ember/base/host_device.h"
+#include "ember/core/half.h"
+#include "ember/kernels/cuda/attention.h"
+#include "ember/kernels/cuda/mma.cuh"
+#include "ember/kernels/elementwise_math.h"
+
+namespace ember::cuda::flash {
+
+using ::ember::kernels::ember_exp;
+using ::ember::kernels::ember_log;
+
+// Note [Flash attention]
+// The algorithm of FlashAttention-2 (Dao, 2023) over the packed qkv [B, T, 3 C] of a GPT block, head size HD (32 or
+// 64), scale 1 / sqrt(HD). A tile is 64 rows; a block has 4 warps, warp w owning rows 16 w .. 16 w + 15 of its tile,
+// so each warp's products are m16n8k16 mma.sync tiles (fragments as in Note [Tensor-core GEMM] in tc_gemm.cu) with
+// its 16 rows as the A operand, held in registers for the whole block.
+//
+// Forward (grid: B H query tiles, the most loaded causal tiles first). The warp keeps its q rows as A fragments, and
+// per row a running max m, a running sum l (the thread's share; the quad's four shares are added at the end) and the
+// output accumulator o [16, HD] in f32. Per key tile of 64 (staged in shared memory, k and v, rows past T zero):
+// s = q k^T in f32, scaled, masked (keys >= T, and keys after the row when causal) to -inf; m' = max(m, max_j s);
+// o and l are multiplied by e^(m - m'); p = e^(s - m'); l += sum p; o += p v, with p rounded to 16 bits as the A
+// operand (its C-fragment layout is the A layout of the next product, two n-tiles per k step). At the end
+// out = o / l (rounded once) and lse = m + log l. A row whose max is still -inf (no key yet) uses 0 in place of m',
+// so its p and e^(m - m') are 0 and not NaN; a NaN or +inf score makes the row's l, and so out and lse, NaN, as the
+// CPU kernel gives.
+//
+// Backward, two launches; p is recomputed as e^(s - lse) from the saved lse, and
+//   ds_ij = p_ij (dp_ij - delta_i) scale,  dp = grad_out v^T,  delta_i = sum_j p_ij dp_ij = grad_out_i . o_i.
+// 1. Query tiles (grid as the forward): a first pass over the key tiles recomputes o_i = sum_j p_ij v_j in f32 and
+//    stores delta_i = grad_out_i . o_i (f32 scratch [B, H, T]); a second pass forms ds per key tile and accumulates
+//    dq = ds k, written once to the q columns of grad_qkv. No atomics: the sum over keys stays in the block.
+// 2. Key tiles (the first key tiles, which the most causal query tiles reach, first): the warp keeps its 16 key rows
+//    of k and v as A fragments and walks the query tiles that see them (from its own tile on when causal), with q,
+//    grad_out, lse and delta staged in shared memory; it forms s^T = k q^T, p^T, dp^T = v grad_out^T and ds^T in
+//    f32 and accumulates dv = p^T grad_out and dk = ds^T q, written once to the k and v columns.
+// Together the backward runs 9 tile products per (query tile, key tile) pair against FlashAttention-2's 5 (which
+// adds dq with atomics and needs the forward's output): it is deterministic and needs only qkv and lse.
+//
+// Precision: the products accumulate in f32 from 16-bit operands; the scores are never rounded (the tiled path rounds
+// them to 16 bits, Note [Attention precision] in attention.cu); p and ds are rounded to 16 bits as A operands, as
+// in FlashAttention; out, dq, dk and dv are rounded once when stored.
+//
+// Shared memory: two tiles [64][HD + 8] of 16-bit elements (the 8 pad elements put the 32-bit fragment reads of a
+// warp on distinct banks), plus 64 lse and 64 delta floats in the key-tile kernel: at most 18.9 KiB.
+constexpr int kTile = 64;
+constexpr int kWarps = kTile / 16;
+constexpr int kThreads = kWarps * 32;
+constexpr int kPad = 8;
+constexpr int kNt = kTile / 8;   // n-tiles of 8 across a tile (scores)
+constexpr int kKt = kTile / 16;  // k steps of 16 across a tile (p @ v and the like)
+
+struct FlashParams {
+  const uint16_t* qkv;       // [B, T, 3 C]
+  const uint16_t* grad_out;  // [B, T, C] (backward)
+  uint16_t* out;             // forward: out [B, T, C]; backward: grad_qkv [B, T, 3 C]
+  float* lse;                // [B, H, T] (written by the forward, read by the backward)
+  float* delta;              // [B, H, T] (backward scratch)
+  int64_t B, T, C, H;
+  int64_t tiles;  // ceil(T / kTile)
+  float scale;    // 1 / sqrt(HD)
+  bool causal;
+};
+
+// Loads and stores of a whole word (4 or 16 bytes) at an address aligned to its size. Host compilations (the
+// emulated test of tests/harness/simt_emulator.h) copy bytes, as strict aliasing requires, and stop on a misaligned
+// address, which the hardware would fault on.
+template <class W>
+__device__ __forceinline__ W load_word(const void* p) {
+#if defined(__CUDA_ARCH__)
+  return *static_cast<const W*>(p);
+#else
+  if (reinterpret_cast<uintptr_t>(p) % sizeof(W) != 0) std::abort();
+  W w;
+  std::memcpy(&w, p, sizeof(W));
+  return w;
+#endif
+}
+template <class W>
+__device__ __forceinline__ void store_word(void* p, const W& w) {
+#if defined(__CUDA_ARCH__)
+  *static_cast<W*>(p) = w;
+#else
+  if (reinterpret_cast<uintptr_t>(p) % sizeof(W) != 0) std::abort();
+  std::memcpy(p, &w, sizeof(W));
+#endif
+}
+
+// ---- fragments --------------------------------------------------------------------------------------------------
+
+template <class T>
+__device__ __forceinline__ uint32_t pack2(float lo, float hi) {
+  return static_cast<uint32_t>(T(lo).bits) | (static_cast<uint32_t>(T(hi).bits) << 16);
+}
+template <class T>
+__device__ __forceinline__ float low_half(uint32_t w) {
+  return static_cast<float>(T::from_bits(static_cast<uint16_t>(w & 0xffffu)));
+}
+template <class T>
+__device__ __forceinline__ float high_half(uint32_t w) {
+  return static_cast<float>(T::from_bits(static_cast<uint16_t>(w >> 16)));
+}
+
+// The 32-bit word of elements (row, col), (row, col + 1) of a row-major matrix with leading dimension ld; 0 for rows
+// at or past `rows`. col is even and ld even, so the word is 4-byte aligned.
+__device__ __forceinline__ uint32_t load_pair(const uint16_t* m, int64_t ld, int64_t row, int64_t rows, int64_t col) {
+  return row < rows ? load_word<uint32_t>(m + row * ld + col) : 0u;
+}
+
+// A fragments of rows r0 .. r0 + 15 (all HD columns) of a row-major matrix in global memory.
+template <int HD>
+__device__ __forceinline__ void load_a(uint32_t (&a)[HD / 16][4], const uint16_t* m, int64_t ld, int64_t r0,
+                                       int64_t rows, int lane) {
+  const int g = lane >> 2, t = lane & 3;
+  EMBER_UNROLL
+  for (int ks = 0; ks < HD / 16; ++ks) {
+    const int c = ks * 16 + 2 * t;
+    a[ks][0] = load_pair(m, ld, r0 + g, rows, c);
+    a[ks][1] = load_pair(m, ld, r0 + g + 8, rows, c);
+    a[ks][2] = load_pair(m, ld, r0 + g, rows, c + 8);
+    a[ks][3] = load_pair(m, ld, r0 + g + 8, rows, c + 8);
+  }
+}
+
+// Rows r0 .. r0 + kTile - 1 of a row-major [rows, ld] matrix's HD columns at m into s, 16 bytes a copy; rows at or
+// past `rows` are zero. m and ld keep every row's columns 16-byte aligned (flash_attention_applies).
+template <int HD>
+__device__ __forceinline__ void load_tile(uint16_t (*s)[HD + kPad], const uint16_t* m, int64_t ld, int64_t r0,
+                                          int64_t rows, int tid) {
+  constexpr int kChunks = HD / 8;
+  EMBER_UNROLL
+  for (int i = tid; i < kTile * kChunks; i += kThreads) {
+    const int r = i / kChunks, c = (i % kChunks) * 8;
+    uint4 v = make_uint4(0u, 0u, 0u, 0u);
+    if (r0 + r < rows) v = load_word<uint4>(m + (r0 + r) * ld + c);
+    store_word(&s[r][c], v);
+  }
+}
+
+// B fragment (k 16 x n 8) of a product with a tile stored [n][k] (the k of the product runs along the tile's rows'
+// elements): n = tile rows n0 .. n0 + 7, k = columns k0 .. k0 + 15.
+template <int HD>
+__device__ __forceinline__ void b_from_rows(const uint16_t (*s)[HD + kPad], int n0, int k0, int lane, uint32_t& b0,
+                                            uint32_t& b1) {
+  const int g = lane >> 2, t = lane & 3;
+  b0 = load_word<uint32_t>(&s[n0 + g][k0 + 2 * t]);
+  b1 = load_word<uint32_t>(&s[n0 + g][k0 + 2 * t + 8]);
+}
+
+// B fragment (k 16 x n 8) of a product with a tile stored [k][n]: k = tile rows k0 .. k0 + 15, n = columns
+// n0 .. n0 + 7.
+template <int HD>
+__device__ __forceinline__ void b_from_columns(const uint16_t (*s)[HD + kPad], int k0, int n0, int lane, uint32_t& b0,
+                                               uint32_t& b1) {
+  const int g = lane >> 2, t = lane & 3, n = n0 + g, k = k0 + 2 * t;
+  b0 = static_cast<uint32_t>(s[k][n]) | (static_cast<uint32_t>(s[k + 1][n]) << 16);
+  b1 = static_cast<uint32_t>(s[k + 8][n]) | (static_cast<uint32_t>(s[k + 9][n]) << 16);
+}
+
+// x[kNt][4] (a warp's 16 x kTile f32 product, C layout) = a (16 x HD, A fragments) @ s^T (s stored [kTile][HD]).
+template <class T, int HD>
+__device__ __forceinline__ void product_rows(float (&x)[kNt][4], const uint32_t (&a)[HD / 16][4],
+                                             const uint16_t (*s)[HD + kPad], int lane) {
+  EMBER_UNROLL
+  for (int nt = 0; nt < kNt; ++nt) EMBER_UNROLL
+  for (int e = 0; e < 4; ++e) x[nt][e] = 0.0f;
+  EMBER_UNROLL
+  for (int ks = 0; ks < HD / 16; ++ks) EMBER_UNROLL
+  for (int nt = 0; nt < kNt; ++nt) {
+    uint32_t b0, b1;
+    b_from_rows<HD>(s, nt * 8, ks * 16, lane, b0, b1);
+    mma_16816<T>(x[nt], a[ks], b0, b1);
+  }
+}
+
+// acc[HD / 8][4] (16 x HD, C layout) += x (16 x kTile, C layout, rounded to T as the A operand) @ s (s stored
+// [kTile][HD]). The C fragments of n-tiles 2 kk and 2 kk + 1 are the A fragment of k step kk.
+template <class T, int HD>
+__device__ __forceinline__ void accumulate_columns(float (&acc)[HD / 8][4], const float (&x)[kNt][4],
+                                                   const uint16_t (*s)[HD + kPad], int lane) {
+  EMBER_UNROLL
+  for (int kk = 0; kk < kKt; ++kk) {
+    const uint32_t a[4] = {pack2<T>(x[2 * kk][0], x[2 * kk][1]), pack2<T>(x[2 * kk][2], x[2 * kk][3]),
+                           pack2<T>(x[2 * kk + 1][0], x[2 * kk + 1][1]), pack2<T>(x[2 * kk + 1][2], x[2 * kk + 1][3])};
+    EMBER_UNROLL
+    for (int dt = 0; dt < HD / 8; ++dt) {
+      uint32_t b0, b1;
+      b_from_columns<HD>(s, kk * 16, dt * 8, lane, b0, b1);
+      mma_16816<T>(acc[dt], a, b0, b1);
+    }
+  }
+}
+
+// Sum over the quad (the 4 threads sharing a row of a C fragment).
+__device__ __forceinline__ float quad_sum(float v) {
+  v += __shfl_xor_sync(0xffffffffu, v, 1);
+  return v + __shfl_xor_sync(0xffffffffu, v, 2);
+}
+__device__ __forceinline__ float quad_max(float v) {
+  v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
+  return fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
+}
+
+// Stores rows r0 + g and r0 + g + 8 (those < rows) of a 16 x HD C-layout accumulator times factor[row half], rounded
+// to T, into the row-major matrix m (leading dimension ld) as 32-bit words.
+template <class T, int HD>
+__device__ __forceinline__ void store_rows(uint16_t* m, int64_t ld, int64_t r0, int64_t rows,
+                                           const float (&acc)[HD / 8][4], const float (&factor)[2], int lane) {
+  const int g = lane >> 2, t = lane & 3;
+  EMBER_UNROLL
+  for (int half = 0; half < 2; ++half) {
+    const int64_t row = r0 + g + 8 * half;
+    if (row >= rows) continue;
+    EMBER_UNROLL
+    for (int dt = 0; dt < HD / 8; ++dt)
+      store_word(m + row * ld + dt * 8 + 2 * t,
+                 pack2<T>(acc[dt][2 * half] * factor[half], acc[dt][2 * half + 1] * factor[half]));
+  }
+}
+
+template <int N>
+__device__ __forceinline__ void zero(float (&x)[N][4]) {
+  EMBER_UNROLL
+  for (int i = 0; i < N; ++i) EMBER_UNROLL
+  for (int e = 0; e < 4; ++e) x[i][e] = 0.0f;
+}
+
+// The block's (batch, head) and tile: the tile order is reversed for the query-tile kernels (late causal tiles
+// carry the most keys) and kept for the key-tile kernel.
+struct BlockWork {
+  int64_t b, h, bh, tile;
+};
+__device__ __forceinline__ BlockWork block_work(const FlashParams& p, bool reversed) {
+  const int64_t bh_count = p.B * p.H, bi = blockIdx.x;
+  const int64_t bh = bi % bh_count, order = bi / bh_count;
+  return {bh / p.H, bh % p.H, bh, reversed ? p.tiles - 1 - order : order};
+}
+
+// Keys visible to query rows [q0, q0 + kTile): up to the tile's last row when causal.
+__device__ __forceinline__ int64_t key_end(const FlashParams& p, int64_t q0) {
+  return p.causal ? (q0 + kTile < p.T ? q0 + kTile : p.T) : p.T;
+}
+
+// Whether query qi does not see key kj: either is past T, or kj comes after qi in a causal call.
+__device__ __forceinline__ bool masked(const FlashParams& p, int64_t qi, int64_t kj) {
+  return qi >= p.T || kj >= p.T || (p.causal && kj > qi);
+}
+
+// p = e^(s scale - lse) in place of a warp's 16 x kTile scores s (C layout), 0 where masked: query_of(nt, e) and
+// key_of(nt, e) give the query and key of element (nt, e), lse_of(nt, e) its query's lse.
+template <class QueryFn, class KeyFn, class LseFn>
+__device__ __forceinline__ void probabilities(float (&s)[kNt][4], const FlashParams& p, QueryFn query_of, KeyFn key_of,
+                                              LseFn lse_of) {
+  EMBER_UNROLL
+  for (int nt = 0; nt < kNt; ++nt) EMBER_UNROLL
+  for (int e = 0; e < 4; ++e)
+    s[nt][e] = masked(p, query_of(nt, e), key_of(nt, e)) ? 0.0f : ember_exp(s[nt][e] * p.scale - lse_of(nt, e));
+}
+
+// ds = p (dp - delta) scale in place of dp (0 where masked), with p from `probabilities` and delta_of(nt, e) the
+// query's delta.
+template <class QueryFn, class KeyFn, class DeltaFn>
+__device__ __forceinline__ void score_grads(float (&dp)[kNt][4], const float (&pr)[kNt][4], const FlashParams& p,
+                                            QueryFn query_of, KeyFn key_of, DeltaFn delta_of) {
+  EMBER_UNROLL
+  for (int nt = 0; nt < kNt; ++nt) EMBER_UNROLL
+  for (int e = 0; e < 4; ++e)
+    dp[nt][e] = masked(p, query_of(nt, e), key_of(nt, e)) ? 0.0f : pr[nt][e] * (dp[nt][e] - delta_of(nt, e)) * p.scale;
+}
+
+// ---- kernels ----------------------------------------------------------------------------------------------------
+
+template <class T, int HD>
+__global__ void __launch_bounds__(kThreads) flash_forward_kernel(FlashParams p) {
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
+  __shared__ __align__(16) uint16_t ks[kTile][HD + kPad];
+  __shared__ __align__(16) uint16_t vs[kTile][HD + kPad];
+  const int tid = static_cast<int>(threadIdx.x), lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
+  const BlockWork w = block_work(p, /*reversed=*/true);
+  const int64_t R = 3 * p.C;
+  const uint16_t* q = p.qkv + w.b * p.T * R + w.h * HD;
+  const int64_t q0 = w.tile * kTile, r0 = q0 + 16 * warp;
+  const int64_t rows[2] = {r0 + g, r0 + g + 8};
+  const float inf = std::numeric_limits<float>::infinity();
+
+  uint32_t qa[HD / 16][4];
+  load_a<HD>(qa, q, R, r0, p.T, lane);
+  float o[HD / 8][4];
+  zero(o);
+  float m[2] = {-inf, -inf}, l[2] = {0.0f, 0.0f};
+  const int64_t k_end = key_end(p, q0);
+  for (int64_t k0 = 0; k0 < k_end; k0 += kTile) {
+    __syncthreads();  // every warp is done with the previous tile
+    load_tile<HD>(ks, q + p.C, R, k0, p.T, tid);
+    load_tile<HD>(vs, q + 2 * p.C, R, k0, p.T, tid);
+    __syncthreads();
+    float s[kNt][4];
+    product_rows<T, HD>(s, qa, ks, lane);
+    float mx[2] = {-inf, -inf};
+    EMBER_UNROLL
+    for (int nt = 0; nt < kNt; ++nt) EMBER_UNROLL
+    for (int e = 0; e < 4; ++e) {
+      const int64_t key = k0 + nt * 8 + 2 * t + (e & 1);
+      s[nt][e] = masked(p, rows[e >> 1], key) ? -inf : s[nt][e] * p.scale;
+      mx[e >> 1] = fmaxf(mx[e >> 1], s[nt][e]);
+    }
+    float ref[2];
+    EMBER_UNROLL
+    for (int r = 0; r < 2; ++r) {
+      const float m_new = fmaxf(m[r], quad_max(mx[r]));
+      ref[r] = m_new == -inf ? 0.0f : m_new;
+      const float alpha = ember_exp(m[r] - ref[r]);
+      m[r] = m_new;
+      l[r] *= alpha;
+      EMBER_UNROLL
+      for (int dt = 0; dt < HD / 8; ++dt) {
+        o[dt][2 * r] *= alpha;
+        o[dt][2 * r + 1] *= alpha;
+      }
+    }
+    EMBER_UNROLL
+    for (int nt = 0; nt < kNt; ++nt) EMBER_UNROLL
+    for (int e = 0; e < 4; ++e) {
+      s[nt][e] = ember_exp(s[nt][e] - ref[e >> 1]);
+      l[e >> 1] += s[nt][e];
+    }
+    accumulate_columns<T, HD>(o, s, vs, lane);
+  }
+  float inv[2];
+  EMBER_UNROLL
+  for (int r = 0; r < 2; ++r) {
+    l[r] = quad_sum(l[r]);
+    inv[r] = 1.0f / l[r];
+    if (t == 0 && rows[r] < p.T) p.lse[w.bh * p.T + rows[r]] = m[r] + ember_log(l[r]);
+  }
+  store_rows<T, HD>(p.out + w.b * p.T * p.C + w.h * HD, p.C, r0, p.T, o, inv, lane);
+#else
+  __trap();  // flash_attention_applies refuses devices below sm_80
+#endif
+}
+
+// Query tiles of the backward: delta, then dq (Note [Flash attention], backward 1).
+template <class T, int HD>
+__global__ void __launch_bounds__(kThreads) flash_backward_dq_kernel(FlashParams p) {
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
+  __shared__ __align__(16) uint16_t ks[kTile][HD + kPad];
+  __shared__ __align__(16) uint16_t vs[kTile][HD + kPad];
+  const int tid = static_cast<int>(threadIdx.x), lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
+  const BlockWork w = block_work(p, /*reversed=*/true);
+  const int64_t R = 3 * p.C;
+  const uint16_t* q = p.qkv + w.b * p.T * R + w.h * HD;
+  const uint16_t* go = p.grad_out + w.b * p.T * p.C + w.h * HD;
+  const int64_t q0 = w.tile * kTile, r0 = q0 + 16 * warp;
+  const int64_t rows[2] = {r0 + g, r0 + g + 8};
+  float lse[2];
+  EMBER_UNROLL
+  for (int r = 0; r < 2; ++r) lse[r] = rows[r] < p.T ? p.lse[w.bh * p.T + rows[r]] : 0.0f;
+
+  uint32_t qa[HD / 16][4], da[HD / 16][4];
+  load_a<HD>(qa, q, R, r0, p.T, lane);
+  load_a<HD>(da, go, p.C, r0, p.T, lane);
+  auto query_of = [&](int, int e) { return rows[e >> 1]; };
+  auto lse_of = [&](int, int e) { return lse[e >> 1]; };
+  const int64_t k_end = key_end(p, q0);
+
+  // Pass 1: o = sum_j p_ij v_j, delta_i = grad_out_i . o_i.
+  float delta[2];
+  {
+    float o[HD / 8][4];
+    zero(o);
+    for (int64_t k0 = 0; k0 < k_end; k0 += kTile) {
+      __syncthreads();
+      load_tile<HD>(ks, q + p.C, R, k0, p.T, tid);
+      load_tile<HD>(vs, q + 2 * p.C, R, k0, p.T, tid);
+      __syncthreads();
+      float s[kNt][4];
+      product_rows<T, HD>(s, qa, ks, lane);
+      probabilities(
+          s, p, query_of, [&](int nt, int e) { return k0 + nt * 8 + 2 * t + (e & 1); }, lse_of);
+      accumulate_columns<T, HD>(o, s, vs, lane);
+    }
+    // da[ks][0] holds (row g, columns 16 ks + 2t, +1) = o[2 ks][0..1]; [1] row g + 8 = o[2 ks][2..3]; [2] and [3]
+    // the columns 8 further = o[2 ks + 1].
+    float part[2] = {0.0f, 0.0f};
+    EMBER_UNROLL
+    for (int ks_ = 0; ks_ < HD / 16; ++ks_) EMBER_UNROLL
+    for (int j = 0; j < 4; ++j) {
+      const float* c = o[2 * ks_ + (j >> 1)] + 2 * (j & 1);
+      part[j & 1] += low_half<T>(da[ks_][j]) * c[0] + high_half<T>(da[ks_][j]) * c[1];
+    }
+    EMBER_UNROLL
+    for (int r = 0; r < 2; ++r) {
+      delta[r] = quad_sum(part[r]);
+      if (t == 0 && rows[r] < p.T) p.delta[w.bh * p.T + rows[r]] = delta[r];
+    }
+  }
+
+  // Pass 2: ds = p (dp - delta) scale per key tile, dq += ds k.
+  float dq[HD / 8][4];
+  zero(dq);
+  for (int64_t k0 = 0; k0 < k_end; k0 += kTile) {
+    __syncthreads();
+    load_tile<HD>(ks, q + p.C, R, k0, p.T, tid);
+    load_tile<HD>(vs, q + 2 * p.C, R, k0, p.T, tid);
+    __syncthreads();
+    float s[kNt][4], dp[kNt][4];
+    product_rows<T, HD>(s, qa, ks, lane);
+    auto key_of = [&](int nt, int e) { return k0 + nt * 8 + 2 * t + (e & 1); };
+    probabilities(s, p, query_of, key_of, lse_of);
+    product_rows<T, HD>(dp, da, vs, lane);
+    score_grads(dp, s, p, query_of, key_of, [&](int, int e) { return delta[e >> 1]; });
+    accumulate_columns<T, HD>(dq, dp, ks, lane);
+  }
+  const float one[2] = {1.0f, 1.0f};
+  store_rows<T, HD>(p.out + w.b * p.T * R + w.h * HD, R, r0, p.T, dq, one, lane);
+#else
+  __trap();
+#endif
+}
+
+// Key tiles of the backward: dk and dv (Note [Flash attention], backward 2).
+template <class T, int HD>
+__global__ void __launch_bounds__(kThreads) flash_backward_dkdv_kernel(FlashParams p) {
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
+  __shared__ __align__(16) uint16_t qs[kTile][HD + kPad];
+  __shared__ __align__(16) uint16_t gs[kTile][HD + kPad];
+  __shared__ float lse_s[kTile], delta_s[kTile];
+  const int tid = static_cast<int>(threadIdx.x), lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
+  const BlockWork w = block_work(p, /*reversed=*/false);
+  const int64_t R = 3 * p.C;
+  const uint16_t* q = p.qkv + w.b * p.T * R + w.h * HD;
+  const uint16_t* go = p.grad_out + w.b * p.T * p.C + w.h * HD;
+  const int64_t k0 = w.tile * kTile, r0 = k0 + 16 * warp;
+  const int64_t keys[2] = {r0 + g, r0 + g + 8};
+
+  uint32_t ka[HD / 16][4], va[HD / 16][4];
+  load_a<HD>(ka, q + p.C, R, r0, p.T, lane);
+  load_a<HD>(va, q + 2 * p.C, R, r0, p.T, lane);
+  float dk[HD / 8][4], dv[HD / 8][4];
+  zero(dk);
+  zero(dv);
+  auto key_of = [&](int, int e) { return keys[e >> 1]; };
+  // Query tiles before k0 see none of these keys when causal (tiles are aligned: q0 + kTile <= k0).
+  for (int64_t q0 = p.causal ? k0 : 0; q0 < p.T; q0 += kTile) {
+    __syncthreads();
+    load_tile<HD>(qs, q, R, q0, p.T, tid);
+    load_tile<HD>(gs, go, p.C, q0, p.T, tid);
+    for (int i = tid; i < kTile; i += kThreads) {
+      const bool inside = q0 + i < p.T;
+      lse_s[i] = inside ? p.lse[w.bh * p.T + q0 + i] : 0.0f;
+      delta_s[i] = inside ? p.delta[w.bh * p.T + q0 + i] : 0.0f;
+    }
+    __syncthreads();
+    auto query_of = [&](int nt, int e) { return q0 + nt * 8 + 2 * t + (e & 1); };
+    float s[kNt][4], dp[kNt][4];
+    product_rows<T, HD>(s, ka, qs, lane);  // s^T = k q^T
+    probabilities(s, p, query_of, key_of, [&](int nt, int e) { return lse_s[nt * 8 + 2 * t + (e & 1)]; });
+    accumulate_columns<T, HD>(dv, s, gs, lane);  // dv += p^T grad_out
+    product_rows<T, HD>(dp, va, gs, lane);       // dp^T = v grad_out^T
+    score_grads(dp, s, p, query_of, key_of, [&](int nt, int e) { return delta_s[nt * 8 + 2 * t + (e & 1)]; });
+    accumulate_columns<T, HD>(dk, dp, qs, lane);  // dk += ds^T q
+  }
+  const float one[2] = {1.0f, 1.0f};
+  uint16_t* grad = p.out + w.b * p.T * R + w.h * HD;
+  store_rows<T, HD>(grad + p.C, R, r0, p.T, dk, one, lane);
+  store_rows<T, HD>(grad + 2 * p.C, R, r0, p.T, dv, one, lane);
+#else
+  __trap();
+#endif
+}
+
+// ---- geometry (host) ---------------------------------------------------------------------------------------------
+
+inline FlashParams make_params(const FlashShape& s, bool causal) {
+  FlashParams p{};
+  p.B = s.B;
+  p.T = s.T;
+  p.C = s.C;
+  p.H = s.H;
+  p.tiles = (s.T + kTile - 1) / kTile;
+  p.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(s.C / s.H)));
+  p.causal = causal;
+  return p;
+}
+
+// Blocks of each launch (1-D grid, kThreads threads each): one per (batch, head, tile).
+inline int64_t flash_blocks(const FlashParams& p) { return p.tiles * p.B * p.H; }
+
+}  // namespace ember::cuda::flash

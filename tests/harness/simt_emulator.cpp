@@ -1,0 +1,195 @@
+// The fiber scheduler of simt_emulator.h: one ucontext per emulated thread, run round-robin on the calling thread;
+// barriers count arrivals per generation and yield until the generation moves on.
+#include "tests/harness/simt_emulator.h"
+
+#include <ucontext.h>
+
+#include <exception>
+#include <memory>
+#include <string>
+#include <vector>
+
+#if defined(__SANITIZE_ADDRESS__)
+#define EMBER_SIMT_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define EMBER_SIMT_ASAN 1
+#endif
+#endif
+
+#if defined(EMBER_SIMT_ASAN)
+// AddressSanitizer's fiber annotations (sanitizer/common_interface_defs.h): a stack switch it is not told about
+// looks like a wild stack pointer.
+extern "C" void __sanitizer_start_switch_fiber(void** fake_stack_save, const void* bottom, size_t size);
+extern "C" void __sanitizer_finish_switch_fiber(void* fake_stack_save, const void** bottom_old, size_t* size_old);
+#endif
+
+namespace ember::testing::simt {
+namespace {
+
+constexpr size_t kStackBytes = size_t{256} << 10;  // the kernels keep their register arrays on this stack
+
+struct Barrier {
+  unsigned arrived = 0;
+  uint64_t generation = 0;
+};
+
+struct Fiber {
+  ucontext_t context{};
+  std::unique_ptr<char[]> stack;
+  ThreadIndex index;
+  bool done = false;
+  void* fake_stack = nullptr;  // AddressSanitizer's, while switched out
+};
+
+struct Scheduler {
+  ucontext_t main{};
+  std::vector<Fiber> fibers;
+  size_t running = 0;
+  unsigned live = 0;  // fibers of the block not yet done
+  Barrier block;
+  std::vector<Barrier> warps;
+  std::vector<std::vector<char>> warp_slots;  // 32 contributions per warp
+  uint64_t progress = 0;                      // barrier completions and finished fibers
+  const std::function<void()>* kernel = nullptr;
+  std::exception_ptr error;
+  const void* main_bottom = nullptr;
+  size_t main_size = 0;
+};
+
+thread_local Scheduler* g_scheduler = nullptr;
+
+Scheduler& scheduler() {
+  if (g_scheduler == nullptr) throw SimtError("simt: no kernel is running on this thread");
+  return *g_scheduler;
+}
+
+// Fiber -> scheduler, and back when the scheduler resumes this fiber.
+void yield() {
+  Scheduler& s = scheduler();
+  Fiber& f = s.fibers[s.running];
+#if defined(EMBER_SIMT_ASAN)
+  __sanitizer_start_switch_fiber(&f.fake_stack, s.main_bottom, s.main_size);
+#endif
+  swapcontext(&f.context, &s.main);
+#if defined(EMBER_SIMT_ASAN)
+  __sanitizer_finish_switch_fiber(f.fake_stack, nullptr, nullptr);
+#endif
+}
+
+void fiber_entry() {
+  Scheduler& s = scheduler();
+#if defined(EMBER_SIMT_ASAN)
+  __sanitizer_finish_switch_fiber(nullptr, &s.main_bottom, &s.main_size);
+#endif
+  try {
+    (*s.kernel)();
+  } catch (...) {
+    if (!s.error) s.error = std::current_exception();
+  }
+  Fiber& f = s.fibers[s.running];
+  f.done = true;
+  --s.live;
+  ++s.progress;
+#if defined(EMBER_SIMT_ASAN)
+  __sanitizer_start_switch_fiber(nullptr, s.main_bottom, s.main_size);  // this fiber's stack is finished
+#endif
+  setcontext(&s.main);
+}
+
+// Waits at `b` until `count` threads have arrived in this generation.
+void arrive_and_wait(Barrier& b, unsigned count) {
+  Scheduler& s = scheduler();
+  const uint64_t generation = b.generation;
+  if (++b.arrived == count) {
+    b.arrived = 0;
+    ++b.generation;
+    ++s.progress;
+    return;
+  }
+  while (b.generation == generation) yield();
+}
+
+}  // namespace
+
+const ThreadIndex& current() {
+  Scheduler& s = scheduler();
+  return s.fibers[s.running].index;
+}
+
+void syncthreads() {
+  Scheduler& s = scheduler();
+  arrive_and_wait(s.block, static_cast<unsigned>(s.fibers.size()));
+}
+
+void warp_exchange(const void* in, size_t bytes, void* all) {
+  Scheduler& s = scheduler();
+  const ThreadIndex& me = s.fibers[s.running].index;
+  const size_t warp = me.thread_idx.x / 32;
+  std::vector<char>& slots = s.warp_slots[warp];
+  if (slots.size() < 32 * bytes) slots.resize(32 * bytes);
+  std::memcpy(slots.data() + static_cast<size_t>(me.lane) * bytes, in, bytes);
+  arrive_and_wait(s.warps[warp], 32);  // every lane has written
+  std::memcpy(all, slots.data(), 32 * bytes);
+  arrive_and_wait(s.warps[warp], 32);  // every lane has read: the slots may be reused
+}
+
+void launch(unsigned grid, unsigned block, const std::function<void()>& kernel) {
+  if (block == 0 || block % 32 != 0 || block > 1024)
+    throw SimtError("simt::launch: block size " + std::to_string(block) + " is not 1..32 whole warps");
+  if (g_scheduler != nullptr) throw SimtError("simt::launch: a kernel is already running on this thread");
+  Scheduler s;
+  s.kernel = &kernel;
+  s.fibers.resize(block);
+  for (Fiber& f : s.fibers) f.stack = std::make_unique<char[]>(kStackBytes);
+  s.warps.resize(block / 32);
+  s.warp_slots.resize(block / 32);
+  g_scheduler = &s;
+  struct Reset {
+    ~Reset() { g_scheduler = nullptr; }
+  } reset;
+  for (unsigned b = 0; b < grid; ++b) {
+    s.block = Barrier{};
+    for (Barrier& w : s.warps) w = Barrier{};
+    for (unsigned i = 0; i < block; ++i) {
+      Fiber& f = s.fibers[i];
+      f.done = false;
+      f.fake_stack = nullptr;
+      f.index.thread_idx = {i, 0, 0};
+      f.index.block_idx = {b, 0, 0};
+      f.index.block_dim = {block, 1, 1};
+      f.index.grid_dim = {grid, 1, 1};
+      f.index.lane = static_cast<int>(i % 32);
+      getcontext(&f.context);
+      f.context.uc_stack.ss_sp = f.stack.get();
+      f.context.uc_stack.ss_size = kStackBytes;
+      f.context.uc_link = nullptr;
+      makecontext(&f.context, fiber_entry, 0);
+    }
+    s.live = block;
+    while (s.live > 0) {
+      const uint64_t before = s.progress;
+      for (size_t i = 0; i < s.fibers.size(); ++i) {
+        if (s.fibers[i].done) continue;
+        s.running = i;
+        void* main_fake = nullptr;
+#if defined(EMBER_SIMT_ASAN)
+        __sanitizer_start_switch_fiber(&main_fake, s.fibers[i].stack.get(), kStackBytes);
+#endif
+        swapcontext(&s.main, &s.fibers[i].context);
+#if defined(EMBER_SIMT_ASAN)
+        __sanitizer_finish_switch_fiber(main_fake, nullptr, nullptr);
+#endif
+        (void)main_fake;
+        if (s.error) std::rethrow_exception(s.error);
+      }
+      // A whole round in which no barrier opened and no thread finished: everyone left waits for a thread that will
+      // never arrive.
+      if (s.live > 0 && s.progress == before)
+        throw SimtError("simt: deadlock in block " + std::to_string(b) + ": " + std::to_string(s.live) +
+                        " threads wait at a barrier that the others do not reach");
+    }
+  }
+}
+
+}  // namespace ember::testing::simt

@@ -1,0 +1,126 @@
+// A CPU emulator of the CUDA execution model, enough to run ember's warp-synchronous kernels on a machine without a
+// GPU: every thread of a block is a fiber (ucontext) on the calling thread, scheduled round-robin; __syncthreads,
+// the warp shuffles and mma.sync m16n8k16 are rendezvous points where a fiber yields until its block (or warp) has
+// arrived. Blocks of a launch run one after the other, so `__shared__` variables (defined here as function-local
+// statics) belong to the running block. Include this header, then the kernel header (it defines the CUDA keywords
+// the kernels use), and launch with simt::launch.
+// Invariant: 1-D grids and blocks of whole warps; a barrier that not every live thread of the block (or warp)
+// reaches is reported as a deadlock (SimtError), never hangs. What it does not model: memory ordering between
+// threads beyond the barriers, bank conflicts, timing, and any instruction not defined here.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <stdexcept>
+#include <type_traits>
+
+#include "ember/core/half.h"
+
+namespace ember::testing::simt {
+
+struct Dim3 {
+  unsigned x = 0, y = 0, z = 0;
+};
+
+// A kernel that broke the execution model (barrier divergence, a block size that is not whole warps).
+struct SimtError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+// Index and size of the emulated thread running now.
+struct ThreadIndex {
+  Dim3 thread_idx, block_idx, block_dim, grid_dim;
+  int lane = 0;
+};
+const ThreadIndex& current();
+
+// Runs kernel() as grid x block threads (block a multiple of 32, at most 1024). Throws SimtError on deadlock.
+void launch(unsigned grid, unsigned block, const std::function<void()>& kernel);
+
+// Block-wide barrier of the running thread's block.
+void syncthreads();
+// Every lane of the running thread's warp contributes `bytes` from `in`; once all 32 have, each receives the 32
+// contributions, lane order, in `all` (32 * bytes).
+void warp_exchange(const void* in, size_t bytes, void* all);
+
+// __shfl_xor_sync over a full warp.
+template <class T>
+T shfl_xor(T v, int lane_mask) {
+  static_assert(std::is_trivially_copyable_v<T>);
+  T all[32];
+  warp_exchange(&v, sizeof(T), all);
+  return all[current().lane ^ lane_mask];
+}
+
+// mma.sync.aligned.m16n8k16.row.col.f32.{f16,bf16}: d += A (16 x 16) B (16 x 8) over the warp's fragments, with the
+// layouts of Note [Tensor-core GEMM] in ember/kernels/cuda/tc_gemm.cu (g = lane / 4, t = lane % 4; a 32-bit register
+// holds the lower-indexed element in its low half): A0 = (g, 2t), A1 = (g + 8, 2t), A2 = (g, 2t + 8),
+// A3 = (g + 8, 2t + 8) [row, k]; B0 = (k 2t, n g), B1 = (k 2t + 8, n g); C: d0, d1 = (g, 2t..2t+1), d2, d3 =
+// (g + 8, 2t..2t+1). Sums in f32 in k order.
+template <class T>
+void mma_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  struct Frag {
+    uint32_t a[4], b[2];
+  };
+  const Frag mine{{a[0], a[1], a[2], a[3]}, {b0, b1}};
+  Frag all[32];
+  warp_exchange(&mine, sizeof(Frag), all);
+  auto lo = [](uint32_t w) { return static_cast<float>(T::from_bits(static_cast<uint16_t>(w & 0xffffu))); };
+  auto hi = [](uint32_t w) { return static_cast<float>(T::from_bits(static_cast<uint16_t>(w >> 16))); };
+  float A[16][16], B[16][8];
+  for (int l = 0; l < 32; ++l) {
+    const int g = l >> 2, t = l & 3;
+    for (int j = 0; j < 4; ++j) {
+      const int row = g + 8 * (j & 1), k = 2 * t + 8 * (j >> 1);
+      A[row][k] = lo(all[l].a[j]);
+      A[row][k + 1] = hi(all[l].a[j]);
+    }
+    for (int j = 0; j < 2; ++j) {
+      const int k = 2 * t + 8 * j;
+      B[k][g] = lo(all[l].b[j]);
+      B[k + 1][g] = hi(all[l].b[j]);
+    }
+  }
+  const int g = current().lane >> 2, t = current().lane & 3;
+  for (int j = 0; j < 4; ++j) {
+    const int row = g + 8 * (j >> 1), col = 2 * t + (j & 1);
+    float sum = 0.0f;
+    for (int k = 0; k < 16; ++k) sum += A[row][k] * B[k][col];
+    d[j] += sum;
+  }
+}
+
+}  // namespace ember::testing::simt
+
+// ---- the CUDA names the kernels use ---------------------------------------------------------------------------------
+
+#define __global__
+#define __device__
+#define __host__
+#define __forceinline__ inline
+#define __launch_bounds__(...)
+#define __shared__ static
+#define __align__(n) __attribute__((aligned(n)))
+#define threadIdx (::ember::testing::simt::current().thread_idx)
+#define blockIdx (::ember::testing::simt::current().block_idx)
+#define blockDim (::ember::testing::simt::current().block_dim)
+#define gridDim (::ember::testing::simt::current().grid_dim)
+
+inline void __syncthreads() { ::ember::testing::simt::syncthreads(); }
+
+template <class T>
+T __shfl_xor_sync(unsigned mask, T v, int lane_mask) {
+  if (mask != 0xffffffffu) throw ::ember::testing::simt::SimtError("__shfl_xor_sync: only full-warp masks");
+  return ::ember::testing::simt::shfl_xor(v, lane_mask);
+}
+
+struct alignas(16) uint4 {
+  unsigned x, y, z, w;
+};
+inline uint4 make_uint4(unsigned x, unsigned y, unsigned z, unsigned w) { return {x, y, z, w}; }
+
+namespace ember::cuda {
+using ::ember::testing::simt::mma_16816;
+}  // namespace ember::cuda
