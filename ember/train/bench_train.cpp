@@ -24,6 +24,10 @@
 #include "ember/train/amp.h"
 #include "ember/train/step.h"
 
+#if defined(EMBER_WITH_CUDA)
+#include "ember/kernels/cuda/attention.h"
+#endif
+
 namespace ember::train {
 
 namespace F = nn::functional;
@@ -101,6 +105,14 @@ void sync(Device device) {
   if (device.is_cuda()) memory::cuda::synchronize(device.index);
 }
 
+int64_t flash_calls() {
+#if defined(EMBER_WITH_CUDA)
+  return cuda::flash_attention_calls();
+#else
+  return 0;
+#endif
+}
+
 double peak_rss_mib() {
   rusage u{};
   getrusage(RUSAGE_SELF, &u);
@@ -136,6 +148,7 @@ BenchTrainResult bench_train(const BenchTrainOptions& o) {
   r.checkpoint = setup.policy.str();
   r.predicted_peak_bytes = setup.plan.predicted_peak_bytes;
   if (!setup.plan.segments.empty()) r.checkpoint_report = setup.plan.to_string();
+  const int64_t flash_calls_before = flash_calls();
   std::vector<double> ms;
   for (int64_t i = 0; i < o.warmup + o.steps; ++i) {
     if (i == o.warmup) {
@@ -172,6 +185,7 @@ BenchTrainResult bench_train(const BenchTrainOptions& o) {
   r.peak_reserved_bytes = s.peak_reserved_bytes;
   r.peak_rss_mib = peak_rss_mib();
   r.threads = get_num_threads();
+  r.flash_attention_calls = flash_calls() - flash_calls_before;
   return r;
 }
 
@@ -202,6 +216,7 @@ std::string BenchTrainResult::to_json() const {
   j["steps_skipped"] = steps_skipped;
   j["checkpoint"] = checkpoint;
   j["predicted_peak_bytes"] = predicted_peak_bytes;
+  j["flash_attention_calls"] = flash_attention_calls;
   return j.dump();
 }
 

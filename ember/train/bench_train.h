@@ -72,6 +72,9 @@ struct BenchTrainResult {
   // The checkpoint plan's predicted activation peak (Note [Checkpoint memory model]); for none the prediction without
   // checkpointing; 0 for cnn, which is not profiled.
   int64_t predicted_peak_bytes = 0;
+  // Calls of the CUDA flash attention kernels (forward or backward) during the run: > 0 when the Flash path of
+  // kernels/cuda/attention.h ran the model's attention, 0 on the tiled path, the CPU and builds without CUDA.
+  int64_t flash_attention_calls = 0;
   std::string checkpoint_report;  // the plan's to_string() (empty when nothing was profiled); not in the JSON
   std::string to_json() const;  // one line
 };

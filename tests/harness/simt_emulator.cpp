@@ -134,6 +134,30 @@ void warp_exchange(const void* in, size_t bytes, void* all) {
   arrive_and_wait(s.warps[warp], 32);  // every lane has read: the slots may be reused
 }
 
+void warp_collective(const void* in, size_t in_bytes, void* out, size_t out_bytes,
+                     const std::function<void(const char* all_in, char* all_out)>& combine) {
+  Scheduler& s = scheduler();
+  const ThreadIndex& me = s.fibers[s.running].index;
+  const size_t warp = me.thread_idx.x / 32;
+  std::vector<char>& slots = s.warp_slots[warp];
+  if (slots.size() < 32 * (in_bytes + out_bytes)) slots.resize(32 * (in_bytes + out_bytes));
+  char* all_in = slots.data();
+  char* all_out = slots.data() + 32 * in_bytes;
+  std::memcpy(all_in + static_cast<size_t>(me.lane) * in_bytes, in, in_bytes);
+  Barrier& b = s.warps[warp];
+  const uint64_t generation = b.generation;
+  if (++b.arrived == 32) {  // the last lane in combines for the warp, then opens the barrier
+    combine(all_in, all_out);
+    b.arrived = 0;
+    ++b.generation;
+    ++s.progress;
+  } else {
+    while (b.generation == generation) yield();
+  }
+  std::memcpy(out, all_out + static_cast<size_t>(me.lane) * out_bytes, out_bytes);
+  arrive_and_wait(b, 32);  // every lane has read: the slots may be reused
+}
+
 void launch(unsigned grid, unsigned block, const std::function<void()>& kernel) {
   if (block == 0 || block % 32 != 0 || block > 1024)
     throw SimtError("simt::launch: block size " + std::to_string(block) + " is not 1..32 whole warps");

@@ -44,6 +44,10 @@ void syncthreads();
 // Every lane of the running thread's warp contributes `bytes` from `in`; once all 32 have, each receives the 32
 // contributions, lane order, in `all` (32 * bytes).
 void warp_exchange(const void* in, size_t bytes, void* all);
+// Every lane contributes `in_bytes` from `in`; once all 32 have, combine(all_in, all_out) runs once for the warp (32
+// contributions in, 32 results of `out_bytes` out, lane order) and each lane receives its result in `out`.
+void warp_collective(const void* in, size_t in_bytes, void* out, size_t out_bytes,
+                     const std::function<void(const char* all_in, char* all_out)>& combine);
 
 // __shfl_xor_sync over a full warp.
 template <class T>
@@ -63,33 +67,40 @@ template <class T>
 void mma_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
   struct Frag {
     uint32_t a[4], b[2];
+    float c[4];
   };
-  const Frag mine{{a[0], a[1], a[2], a[3]}, {b0, b1}};
-  Frag all[32];
-  warp_exchange(&mine, sizeof(Frag), all);
-  auto lo = [](uint32_t w) { return static_cast<float>(T::from_bits(static_cast<uint16_t>(w & 0xffffu))); };
-  auto hi = [](uint32_t w) { return static_cast<float>(T::from_bits(static_cast<uint16_t>(w >> 16))); };
-  float A[16][16], B[16][8];
-  for (int l = 0; l < 32; ++l) {
-    const int g = l >> 2, t = l & 3;
-    for (int j = 0; j < 4; ++j) {
-      const int row = g + 8 * (j & 1), k = 2 * t + 8 * (j >> 1);
-      A[row][k] = lo(all[l].a[j]);
-      A[row][k + 1] = hi(all[l].a[j]);
+  const Frag mine{{a[0], a[1], a[2], a[3]}, {b0, b1}, {d[0], d[1], d[2], d[3]}};
+  warp_collective(&mine, sizeof(Frag), d, sizeof(d), [](const char* in, char* out) {
+    Frag all[32];
+    std::memcpy(all, in, sizeof(all));
+    auto lo = [](uint32_t w) { return static_cast<float>(T::from_bits(static_cast<uint16_t>(w & 0xffffu))); };
+    auto hi = [](uint32_t w) { return static_cast<float>(T::from_bits(static_cast<uint16_t>(w >> 16))); };
+    float A[16][16], B[16][8];
+    for (int l = 0; l < 32; ++l) {
+      const int g = l >> 2, t = l & 3;
+      for (int j = 0; j < 4; ++j) {
+        const int row = g + 8 * (j & 1), k = 2 * t + 8 * (j >> 1);
+        A[row][k] = lo(all[l].a[j]);
+        A[row][k + 1] = hi(all[l].a[j]);
+      }
+      for (int j = 0; j < 2; ++j) {
+        const int k = 2 * t + 8 * j;
+        B[k][g] = lo(all[l].b[j]);
+        B[k + 1][g] = hi(all[l].b[j]);
+      }
     }
-    for (int j = 0; j < 2; ++j) {
-      const int k = 2 * t + 8 * j;
-      B[k][g] = lo(all[l].b[j]);
-      B[k + 1][g] = hi(all[l].b[j]);
+    float result[32][4];
+    for (int l = 0; l < 32; ++l) {
+      const int g = l >> 2, t = l & 3;
+      for (int j = 0; j < 4; ++j) {
+        const int row = g + 8 * (j >> 1), col = 2 * t + (j & 1);
+        float sum = 0.0f;
+        for (int k = 0; k < 16; ++k) sum += A[row][k] * B[k][col];
+        result[l][j] = all[l].c[j] + sum;
+      }
     }
-  }
-  const int g = current().lane >> 2, t = current().lane & 3;
-  for (int j = 0; j < 4; ++j) {
-    const int row = g + 8 * (j >> 1), col = 2 * t + (j & 1);
-    float sum = 0.0f;
-    for (int k = 0; k < 16; ++k) sum += A[row][k] * B[k][col];
-    d[j] += sum;
-  }
+    std::memcpy(out, result, sizeof(result));
+  });
 }
 
 }  // namespace ember::testing::simt
