@@ -77,8 +77,9 @@ Tensor attention_qkv(const Tensor& qkv, int64_t n_head, bool causal) {
   if (auto node = make_node("attention_qkv", {&qkv})) {
     node->save(qkv);      // 0
     node->save(r.lse);    // 1
+    node->save(r.out);    // 2: the output the next layer keeps anyway; the CUDA flash backward reads it
     node->formula = [n_head, causal](const BackwardContext& c, const TensorList& g) -> TensorList {
-      return {ops::attention_qkv_backward(g[0], c.saved(0), c.saved(1), n_head, causal)};
+      return {ops::attention_qkv_backward(g[0], c.saved(0), c.saved(1), n_head, causal, c.saved(2))};
     };
     node->set_outputs({&r.out});
   }

@@ -153,8 +153,9 @@ BiasGeluGrads bias_gelu_backward(const Tensor& g, const Tensor& x, const Tensor&
 // and dtypes with the kernel: has_attention_kernel (CPU, CUDA and meta; every floating dtype); the composed ops
 // elsewhere.
 AttentionResult attention_qkv(const Tensor& qkv, int64_t n_head, bool causal);
+// `out`, when given, is the forward's output (r.out): the backward may read it rather than recompute it.
 Tensor attention_qkv_backward(const Tensor& grad_out, const Tensor& qkv, const Tensor& lse, int64_t n_head,
-                              bool causal);
+                              bool causal, const Tensor& out = Tensor());
 bool has_attention_kernel(Device device, DType dtype);
 
 // ---- fused softmax + cross-entropy (Note [Fused cross-entropy] in kernels/stubs.h) ---------------------------------

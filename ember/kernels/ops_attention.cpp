@@ -1,6 +1,7 @@
 // Fused multi-head attention front ends over the packed projection qkv [B, T, 3 C] of a GPT block.
 // Invariant: the kernels see contiguous qkv [B, T, 3 C] and grad_out [B, T, C] of one floating dtype, lse [B, H, T]
-// (accumulation dtype) as the forward wrote it, and fresh contiguous outputs (out [B, T, C], lse, grad_qkv).
+// (accumulation dtype) as the forward wrote it, the forward's out (contiguous, qkv's dtype) or an undefined tensor,
+// and fresh contiguous outputs (out [B, T, C], lse, grad_qkv).
 #include "ember/kernels/ops.h"
 
 namespace ember {
@@ -48,7 +49,7 @@ AttentionResult attention_qkv(const Tensor& qkv, int64_t n_head, bool causal) {
 }
 
 Tensor attention_qkv_backward(const Tensor& grad_out, const Tensor& qkv, const Tensor& lse, int64_t n_head,
-                              bool causal) {
+                              bool causal, const Tensor& out) {
   const char* op = "attention_qkv_backward";
   const AttentionShape s = check_qkv(op, qkv, n_head);
   common_device(op, {&grad_out, &qkv, &lse});
@@ -58,10 +59,16 @@ Tensor attention_qkv_backward(const Tensor& grad_out, const Tensor& qkv, const T
   EMBER_CHECK(grad_out.sizes() == Shape({s.B, s.T, s.C}) && lse.sizes() == Shape({s.B, n_head, s.T}), ShapeError, op,
               ": grad_out ", shape_str(grad_out.sizes()), " and lse ", shape_str(lse.sizes()), " do not fit qkv ",
               shape_str(qkv.sizes()), " with ", n_head, " heads");
+  if (out.defined()) {
+    common_device(op, {&out, &qkv});
+    EMBER_CHECK(out.dtype() == qkv.dtype() && out.sizes() == Shape({s.B, s.T, s.C}), ShapeError, op,
+                ": out must be the forward's output (", dtype_name(qkv.dtype()), " ", shape_str(Shape({s.B, s.T, s.C})),
+                "), got ", out.description());
+  }
   Tensor grad_qkv = empty(qkv.sizes(), TensorOptions(qkv.dtype(), qkv.device()));
   if (grad_qkv.numel() > 0)
-    run_kernel(attention_backward_stub, qkv.device(), grad_out.contiguous(), qkv.contiguous(), lse.contiguous(),
-               n_head, causal, grad_qkv);
+    run_kernel(attention_backward_stub, qkv.device(), grad_out.contiguous(), qkv.contiguous(),
+               out.defined() ? out.contiguous() : Tensor(), lse.contiguous(), n_head, causal, grad_qkv);
   return grad_qkv;
 }
 

@@ -262,10 +262,11 @@ EMBER_DECLARE_STUB(cross_entropy_backward, CrossEntropyBackwardFn);
 // sum_j e^(s_ij - lse_i) v_j side by side, and lse [B, H, T] = log sum_j e^(s_ij), in the accumulation dtype (f32 for
 // f16/bf16 qkv, else qkv's). Backward: grad_out [B, T, C] (contiguous), qkv and lse -> grad_qkv [B, T, 3 C], every
 // element written; the weights are recomputed as e^(s_ij - lse_i) (Note [Attention saves lse] in
-// kernels/cpu/attention.cpp): nothing of size T x T outlives a call.
+// kernels/cpu/attention.cpp): nothing of size T x T outlives a call. `out` is the forward's output (contiguous, qkv's
+// dtype) or undefined; a kernel may read it instead of recomputing it (the CUDA flash path does).
 using AttentionFn = void (*)(const Tensor& qkv, int64_t n_head, bool causal, const Tensor& out, const Tensor& lse);
-using AttentionBackwardFn = void (*)(const Tensor& grad_out, const Tensor& qkv, const Tensor& lse, int64_t n_head,
-                                     bool causal, const Tensor& grad_qkv);
+using AttentionBackwardFn = void (*)(const Tensor& grad_out, const Tensor& qkv, const Tensor& out, const Tensor& lse,
+                                     int64_t n_head, bool causal, const Tensor& grad_qkv);
 EMBER_DECLARE_STUB(attention, AttentionFn);
 EMBER_DECLARE_STUB(attention_backward, AttentionBackwardFn);
 

@@ -58,10 +58,14 @@ void check_attention(Device device, DType dt, const Shape4& s, bool causal) {
   const double tol = tolerance_for(dt);
   EXPECT_LE(normalised_error(r.out, ref.out), tol) << "out";
   EXPECT_LE(normalised_error(r.lse, ref.lse), tol) << "lse";
-  const Tensor grad = ops::attention_qkv_backward(g.to(device, dt), qkv, r.lse, s.H, causal);
-  ASSERT_EQ(grad.sizes(), qkv.sizes());
-  ASSERT_EQ(grad.dtype(), dt);
-  EXPECT_LE(normalised_error(grad, ref.grad), tol) << "grad_qkv";
+  // With the forward's output (as autograd calls it) and without (the kernel recomputes what it needs).
+  for (bool with_out : {true, false}) {
+    const Tensor grad =
+        ops::attention_qkv_backward(g.to(device, dt), qkv, r.lse, s.H, causal, with_out ? r.out : Tensor());
+    ASSERT_EQ(grad.sizes(), qkv.sizes());
+    ASSERT_EQ(grad.dtype(), dt);
+    EXPECT_LE(normalised_error(grad, ref.grad), tol) << "grad_qkv " << (with_out ? "with" : "without") << " out";
+  }
 }
 
 TEST_P(AttentionCudaTest, MatchesFloat64Reference) {
@@ -120,7 +124,7 @@ TEST_P(AttentionCudaTest, FlashMatchesFloat64Reference) {
           ASSERT_TRUE(::ember::cuda::flash_attention_supported(dt, C / H));
           const int64_t calls = ::ember::cuda::flash_attention_calls();
           check_attention(device(), dt, {2, T, C, H}, causal);
-          EXPECT_EQ(::ember::cuda::flash_attention_calls(), calls + 2) << "forward and backward on the flash path";
+          EXPECT_EQ(::ember::cuda::flash_attention_calls(), calls + 3) << "forward and backwards on the flash path";
         }
   for (bool causal : {true, false}) check_attention(device(), DType::bf16, {1, 1024, 128, 2}, causal);
 }

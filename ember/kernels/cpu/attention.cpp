@@ -273,7 +273,8 @@ void attention_kernel(const Tensor& qkv, int64_t n_head, bool causal, const Tens
   }
 }
 
-void attention_backward_kernel(const Tensor& grad_out, const Tensor& qkv, const Tensor& lse, int64_t n_head,
+void attention_backward_kernel(const Tensor& grad_out, const Tensor& qkv, const Tensor& /*out*/, const Tensor& lse,
+                               int64_t n_head,
                                bool causal, const Tensor& grad_qkv) {
   switch (qkv.dtype()) {
     case DType::f32:
@@ -320,7 +321,8 @@ void attention_meta_kernel(const Tensor& qkv, int64_t n_head, bool causal, const
   }
 }
 
-void attention_backward_meta_kernel(const Tensor&, const Tensor& qkv, const Tensor&, int64_t n_head, bool causal,
+void attention_backward_meta_kernel(const Tensor&, const Tensor& qkv, const Tensor&, const Tensor&, int64_t n_head,
+                                    bool causal,
                                     const Tensor&) {
   check_meta_dtype("attention_qkv_backward", qkv.dtype());
   const AttentionGeometry g = geometry(qkv, n_head);

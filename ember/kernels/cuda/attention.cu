@@ -453,8 +453,8 @@ void attention_cuda(const Tensor& qkv, int64_t n_head, bool causal, const Tensor
   forward(g, causal, qkv.raw_data(), out.raw_data(), lse.raw_data(), device, stream);
 }
 
-void attention_backward_cuda(const Tensor& grad_out, const Tensor& qkv, const Tensor& lse, int64_t n_head, bool causal,
-                             const Tensor& grad_qkv) {
+void attention_backward_cuda(const Tensor& grad_out, const Tensor& qkv, const Tensor& out, const Tensor& lse,
+                             int64_t n_head, bool causal, const Tensor& grad_qkv) {
   const char* op = "attention_qkv_backward";
   const Geometry g = check_qkv(op, qkv, n_head, lse);
   check_like_qkv(op, "grad_out", grad_out, qkv, Shape({g.B, g.T, g.C}));
@@ -465,7 +465,11 @@ void attention_backward_cuda(const Tensor& grad_out, const Tensor& qkv, const Te
   const cudaStream_t stream = ::ember::cuda::current_stream(device).get();
   const ::ember::cuda::FlashShape fs{g.B, g.T, g.C, g.H};
   if (::ember::cuda::flash_attention_applies(g.dtype, fs, qkv.raw_data(), grad_out.raw_data(), device)) {
+    // The forward's output spares the flash backward a pass (its 32-bit fragment loads need 4-byte alignment).
+    const bool use_out = out.defined() && reinterpret_cast<uintptr_t>(out.raw_data()) % 4 == 0;
+    if (out.defined()) check_like_qkv(op, "out", out, qkv, Shape({g.B, g.T, g.C}));
     ::ember::cuda::flash_attention_backward(g.dtype, fs, causal, grad_out.raw_data(), qkv.raw_data(),
+                                            use_out ? out.raw_data() : nullptr,
                                             static_cast<const float*>(lse.raw_data()), grad_qkv.raw_data(), device,
                                             stream);
     return;

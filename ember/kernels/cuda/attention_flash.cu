@@ -73,12 +73,13 @@ void flash_attention_forward(DType dtype, const FlashShape& s, bool causal, cons
 }
 
 void flash_attention_backward(DType dtype, const FlashShape& s, bool causal, const void* grad_out, const void* qkv,
-                              const float* lse, void* grad_qkv, int device, cudaStream_t stream) {
+                              const void* out, const float* lse, void* grad_qkv, int device, cudaStream_t stream) {
   const Tensor delta = empty_on_stream({s.B * s.H * s.T}, TensorOptions(DType::f32, Device::cuda(device)),
                                        static_cast<memory::StreamId>(reinterpret_cast<uintptr_t>(stream)));
   FlashParams p = flash::make_params(s, causal);
   p.qkv = static_cast<const uint16_t*>(qkv);
   p.grad_out = static_cast<const uint16_t*>(grad_out);
+  p.o = static_cast<const uint16_t*>(out);
   p.out = static_cast<uint16_t*>(grad_qkv);
   p.lse = const_cast<float*>(lse);  // read only by the backward kernels
   p.delta = static_cast<float*>(delta.raw_data());

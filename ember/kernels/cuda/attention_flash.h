@@ -21,8 +21,9 @@ bool flash_attention_applies(DType dtype, const FlashShape& s, const void* qkv, 
 // out [B, T, C] and lse [B, H, T] of qkv (f32 lse, natural log of the scaled scores' exponential sums).
 void flash_attention_forward(DType dtype, const FlashShape& s, bool causal, const void* qkv, void* out, float* lse,
                              int device, cudaStream_t stream);
-// grad_qkv [B, T, 3 C] of grad_out [B, T, C], recomputing the weights from lse.
+// grad_qkv [B, T, 3 C] of grad_out [B, T, C], recomputing the weights from lse; `out` is the forward's output
+// [B, T, C] or nullptr (then recomputed, two more tile products per tile pair).
 void flash_attention_backward(DType dtype, const FlashShape& s, bool causal, const void* grad_out, const void* qkv,
-                              const float* lse, void* grad_qkv, int device, cudaStream_t stream);
+                              const void* out, const float* lse, void* grad_qkv, int device, cudaStream_t stream);
 
 }  // namespace ember::cuda

@@ -42,15 +42,16 @@ using ::ember::kernels::ember_log;
 //
 // Backward, two launches; p is recomputed as e^(s - lse) from the saved lse, and
 //   ds_ij = p_ij (dp_ij - delta_i) scale,  dp = grad_out v^T,  delta_i = sum_j p_ij dp_ij = grad_out_i . o_i.
-// 1. Query tiles (grid as the forward): a first pass over the key tiles recomputes o_i = sum_j p_ij v_j in f32 and
-//    stores delta_i = grad_out_i . o_i (f32 scratch [B, H, T]); a second pass forms ds per key tile and accumulates
+// 1. Query tiles (grid as the forward): delta_i = grad_out_i . o_i, stored in an f32 scratch [B, H, T], from the
+//    forward's output when the caller passes it (FlashParams::o; autograd does), else from o_i = sum_j p_ij v_j
+//    recomputed in f32 by a first pass over the key tiles; then a pass forms ds per key tile and accumulates
 //    dq = ds k, written once to the q columns of grad_qkv. No atomics: the sum over keys stays in the block.
 // 2. Key tiles (the first key tiles, which the most causal query tiles reach, first): the warp keeps its 16 key rows
 //    of k and v as A fragments and walks the query tiles that see them (from its own tile on when causal), with q,
 //    grad_out, lse and delta staged in shared memory; it forms s^T = k q^T, p^T, dp^T = v grad_out^T and ds^T in
 //    f32 and accumulates dv = p^T grad_out and dk = ds^T q, written once to the k and v columns.
-// Together the backward runs 9 tile products per (query tile, key tile) pair against FlashAttention-2's 5 (which
-// adds dq with atomics and needs the forward's output): it is deterministic and needs only qkv and lse.
+// Together the backward runs 7 tile products per (query tile, key tile) pair with the forward's output (9 without)
+// against FlashAttention-2's 5, which adds dq with atomics: this one is deterministic.
 //
 // Precision: the products accumulate in f32 from 16-bit operands; the scores are never rounded (the tiled path rounds
 // them to 16 bits, Note [Attention precision] in attention.cu); p and ds are rounded to 16 bits as A operands, as
@@ -68,6 +69,7 @@ constexpr int kKt = kTile / 16;  // k steps of 16 across a tile (p @ v and the l
 struct FlashParams {
   const uint16_t* qkv;       // [B, T, 3 C]
   const uint16_t* grad_out;  // [B, T, C] (backward)
+  const uint16_t* o;         // [B, T, C]: the forward's output (backward; nullptr: recomputed)
   uint16_t* out;             // forward: out [B, T, C]; backward: grad_qkv [B, T, 3 C]
   float* lse;                // [B, H, T] (written by the forward, read by the backward)
   float* delta;              // [B, H, T] (backward scratch)
@@ -177,14 +179,18 @@ template <class T, int HD>
 __device__ __forceinline__ void product_rows(float (&x)[kNt][4], const uint32_t (&a)[HD / 16][4],
                                              const uint16_t (*s)[HD + kPad], int lane) {
   EMBER_UNROLL
-  for (int nt = 0; nt < kNt; ++nt) EMBER_UNROLL
-  for (int e = 0; e < 4; ++e) x[nt][e] = 0.0f;
-  EMBER_UNROLL
-  for (int ks = 0; ks < HD / 16; ++ks) EMBER_UNROLL
   for (int nt = 0; nt < kNt; ++nt) {
-    uint32_t b0, b1;
-    b_from_rows<HD>(s, nt * 8, ks * 16, lane, b0, b1);
-    mma_16816<T>(x[nt], a[ks], b0, b1);
+    EMBER_UNROLL
+    for (int e = 0; e < 4; ++e) x[nt][e] = 0.0f;
+  }
+  EMBER_UNROLL
+  for (int ks = 0; ks < HD / 16; ++ks) {
+    EMBER_UNROLL
+    for (int nt = 0; nt < kNt; ++nt) {
+      uint32_t b0, b1;
+      b_from_rows<HD>(s, nt * 8, ks * 16, lane, b0, b1);
+      mma_16816<T>(x[nt], a[ks], b0, b1);
+    }
   }
 }
 
@@ -236,8 +242,10 @@ __device__ __forceinline__ void store_rows(uint16_t* m, int64_t ld, int64_t r0, 
 template <int N>
 __device__ __forceinline__ void zero(float (&x)[N][4]) {
   EMBER_UNROLL
-  for (int i = 0; i < N; ++i) EMBER_UNROLL
-  for (int e = 0; e < 4; ++e) x[i][e] = 0.0f;
+  for (int i = 0; i < N; ++i) {
+    EMBER_UNROLL
+    for (int e = 0; e < 4; ++e) x[i][e] = 0.0f;
+  }
 }
 
 // The block's (batch, head) and tile: the tile order is reversed for the query-tile kernels (late causal tiles
@@ -267,9 +275,11 @@ template <class QueryFn, class KeyFn, class LseFn>
 __device__ __forceinline__ void probabilities(float (&s)[kNt][4], const FlashParams& p, QueryFn query_of, KeyFn key_of,
                                               LseFn lse_of) {
   EMBER_UNROLL
-  for (int nt = 0; nt < kNt; ++nt) EMBER_UNROLL
-  for (int e = 0; e < 4; ++e)
-    s[nt][e] = masked(p, query_of(nt, e), key_of(nt, e)) ? 0.0f : ember_exp(s[nt][e] * p.scale - lse_of(nt, e));
+  for (int nt = 0; nt < kNt; ++nt) {
+    EMBER_UNROLL
+    for (int e = 0; e < 4; ++e)
+      s[nt][e] = masked(p, query_of(nt, e), key_of(nt, e)) ? 0.0f : ember_exp(s[nt][e] * p.scale - lse_of(nt, e));
+  }
 }
 
 // ds = p (dp - delta) scale in place of dp (0 where masked), with p from `probabilities` and delta_of(nt, e) the
@@ -278,9 +288,12 @@ template <class QueryFn, class KeyFn, class DeltaFn>
 __device__ __forceinline__ void score_grads(float (&dp)[kNt][4], const float (&pr)[kNt][4], const FlashParams& p,
                                             QueryFn query_of, KeyFn key_of, DeltaFn delta_of) {
   EMBER_UNROLL
-  for (int nt = 0; nt < kNt; ++nt) EMBER_UNROLL
-  for (int e = 0; e < 4; ++e)
-    dp[nt][e] = masked(p, query_of(nt, e), key_of(nt, e)) ? 0.0f : pr[nt][e] * (dp[nt][e] - delta_of(nt, e)) * p.scale;
+  for (int nt = 0; nt < kNt; ++nt) {
+    EMBER_UNROLL
+    for (int e = 0; e < 4; ++e)
+      dp[nt][e] =
+          masked(p, query_of(nt, e), key_of(nt, e)) ? 0.0f : pr[nt][e] * (dp[nt][e] - delta_of(nt, e)) * p.scale;
+  }
 }
 
 // ---- kernels ----------------------------------------------------------------------------------------------------
@@ -313,11 +326,13 @@ __global__ void __launch_bounds__(kThreads) flash_forward_kernel(FlashParams p) 
     product_rows<T, HD>(s, qa, ks, lane);
     float mx[2] = {-inf, -inf};
     EMBER_UNROLL
-    for (int nt = 0; nt < kNt; ++nt) EMBER_UNROLL
-    for (int e = 0; e < 4; ++e) {
-      const int64_t key = k0 + nt * 8 + 2 * t + (e & 1);
-      s[nt][e] = masked(p, rows[e >> 1], key) ? -inf : s[nt][e] * p.scale;
-      mx[e >> 1] = fmaxf(mx[e >> 1], s[nt][e]);
+    for (int nt = 0; nt < kNt; ++nt) {
+      EMBER_UNROLL
+      for (int e = 0; e < 4; ++e) {
+        const int64_t key = k0 + nt * 8 + 2 * t + (e & 1);
+        s[nt][e] = masked(p, rows[e >> 1], key) ? -inf : s[nt][e] * p.scale;
+        mx[e >> 1] = fmaxf(mx[e >> 1], s[nt][e]);
+      }
     }
     float ref[2];
     EMBER_UNROLL
@@ -334,10 +349,12 @@ __global__ void __launch_bounds__(kThreads) flash_forward_kernel(FlashParams p) 
       }
     }
     EMBER_UNROLL
-    for (int nt = 0; nt < kNt; ++nt) EMBER_UNROLL
-    for (int e = 0; e < 4; ++e) {
-      s[nt][e] = ember_exp(s[nt][e] - ref[e >> 1]);
-      l[e >> 1] += s[nt][e];
+    for (int nt = 0; nt < kNt; ++nt) {
+      EMBER_UNROLL
+      for (int e = 0; e < 4; ++e) {
+        s[nt][e] = ember_exp(s[nt][e] - ref[e >> 1]);
+        l[e >> 1] += s[nt][e];
+      }
     }
     accumulate_columns<T, HD>(o, s, vs, lane);
   }
@@ -378,9 +395,21 @@ __global__ void __launch_bounds__(kThreads) flash_backward_dq_kernel(FlashParams
   auto lse_of = [&](int, int e) { return lse[e >> 1]; };
   const int64_t k_end = key_end(p, q0);
 
-  // Pass 1: o = sum_j p_ij v_j, delta_i = grad_out_i . o_i.
-  float delta[2];
-  {
+  // delta_i = grad_out_i . o_i, with o from the forward or from a first pass: o = sum_j p_ij v_j (C layout).
+  // da[ks][j] holds (row g + 8 (j & 1), columns 16 ks + 8 (j >> 1) + 2t, +1): in C layout o[2 ks + (j >> 1)], elements
+  // 2 (j & 1) and 2 (j & 1) + 1; the A fragments of o (oa) hold the same positions as da.
+  float part[2] = {0.0f, 0.0f};
+  if (p.o != nullptr) {
+    uint32_t oa[HD / 16][4];
+    load_a<HD>(oa, p.o + w.b * p.T * p.C + w.h * HD, p.C, r0, p.T, lane);
+    EMBER_UNROLL
+    for (int ks_ = 0; ks_ < HD / 16; ++ks_) {
+      EMBER_UNROLL
+      for (int j = 0; j < 4; ++j)
+        part[j & 1] += low_half<T>(da[ks_][j]) * low_half<T>(oa[ks_][j]) +
+                       high_half<T>(da[ks_][j]) * high_half<T>(oa[ks_][j]);
+    }
+  } else {
     float o[HD / 8][4];
     zero(o);
     for (int64_t k0 = 0; k0 < k_end; k0 += kTile) {
@@ -394,20 +423,20 @@ __global__ void __launch_bounds__(kThreads) flash_backward_dq_kernel(FlashParams
           s, p, query_of, [&](int nt, int e) { return k0 + nt * 8 + 2 * t + (e & 1); }, lse_of);
       accumulate_columns<T, HD>(o, s, vs, lane);
     }
-    // da[ks][0] holds (row g, columns 16 ks + 2t, +1) = o[2 ks][0..1]; [1] row g + 8 = o[2 ks][2..3]; [2] and [3]
-    // the columns 8 further = o[2 ks + 1].
-    float part[2] = {0.0f, 0.0f};
     EMBER_UNROLL
-    for (int ks_ = 0; ks_ < HD / 16; ++ks_) EMBER_UNROLL
-    for (int j = 0; j < 4; ++j) {
-      const float* c = o[2 * ks_ + (j >> 1)] + 2 * (j & 1);
-      part[j & 1] += low_half<T>(da[ks_][j]) * c[0] + high_half<T>(da[ks_][j]) * c[1];
+    for (int ks_ = 0; ks_ < HD / 16; ++ks_) {
+      EMBER_UNROLL
+      for (int j = 0; j < 4; ++j) {
+        const float* c = o[2 * ks_ + (j >> 1)] + 2 * (j & 1);
+        part[j & 1] += low_half<T>(da[ks_][j]) * c[0] + high_half<T>(da[ks_][j]) * c[1];
+      }
     }
-    EMBER_UNROLL
-    for (int r = 0; r < 2; ++r) {
-      delta[r] = quad_sum(part[r]);
-      if (t == 0 && rows[r] < p.T) p.delta[w.bh * p.T + rows[r]] = delta[r];
-    }
+  }
+  float delta[2];
+  EMBER_UNROLL
+  for (int r = 0; r < 2; ++r) {
+    delta[r] = quad_sum(part[r]);
+    if (t == 0 && rows[r] < p.T) p.delta[w.bh * p.T + rows[r]] = delta[r];
   }
 
   // Pass 2: ds = p (dp - delta) scale per key tile, dq += ds k.
