@@ -1,12 +1,12 @@
 // A CPU emulator of the CUDA execution model, enough to run ember's warp-synchronous kernels on a machine without a
 // GPU: every thread of a block is a fiber (ucontext) on the calling thread, scheduled round-robin; __syncthreads,
-// the warp shuffles and mma.sync m16n8k16 are rendezvous points where a fiber yields until its block (or warp) has
-// arrived. Blocks of a launch run one after the other, so `__shared__` variables (defined here as function-local
-// statics) belong to the running block. Include this header, then the kernel header (it defines the CUDA keywords
-// the kernels use), and launch with simt::launch.
-// Invariant: 1-D grids and blocks of whole warps; a barrier that not every live thread of the block (or warp)
-// reaches is reported as a deadlock (SimtError), never hangs. What it does not model: memory ordering between
-// threads beyond the barriers, bank conflicts, timing, and any instruction not defined here.
+// the warp shuffles, ldmatrix and mma.sync m16n8k16 are rendezvous points where a fiber yields until its block (or
+// warp) has arrived. Blocks of a launch run one after the other, so `__shared__` variables (defined here as
+// function-local statics) belong to the running block. Include this header, then the kernel header (it defines the CUDA
+// keywords the kernels use), and launch with simt::launch. Invariant: 1-D grids and blocks of whole warps; a barrier
+// that not every live thread of the block (or warp) reaches is reported as a deadlock (SimtError), never hangs. What it
+// does not model: memory ordering between threads beyond the barriers, bank conflicts, timing, and any instruction not
+// defined here.
 #pragma once
 
 #include <cstddef>
@@ -103,6 +103,32 @@ void mma_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) 
   });
 }
 
+// ldmatrix.sync.aligned.m8n8.x4[.trans].shared.b16: lane l gives the address of row l % 8 of 8 x 8 matrix l / 8
+// (16-byte aligned: SimtError otherwise); register j of lane l receives elements (l / 4, 2 (l % 4)) and
+// (l / 4, 2 (l % 4) + 1) of matrix j, or with trans (2 (l % 4), l / 4) and (2 (l % 4) + 1, l / 4), the first in the
+// low half.
+inline void ldmatrix_x4(uint32_t (&r)[4], const void* row, bool trans) {
+  warp_collective(&row, sizeof(row), r, sizeof(r), [trans](const char* in, char* out) {
+    const void* rows[32];
+    std::memcpy(rows, in, sizeof(rows));
+    uint16_t m[4][8][8];
+    for (int l = 0; l < 32; ++l) {
+      if (reinterpret_cast<uintptr_t>(rows[l]) % 16 != 0)
+        throw SimtError("ldmatrix: a row address is not 16-byte aligned");
+      std::memcpy(m[l / 8][l % 8], rows[l], 16);
+    }
+    uint32_t result[32][4];
+    for (int l = 0; l < 32; ++l)
+      for (int j = 0; j < 4; ++j) {
+        const int g = l / 4, t = l % 4;
+        const uint16_t lo = trans ? m[j][2 * t][g] : m[j][g][2 * t];
+        const uint16_t hi = trans ? m[j][2 * t + 1][g] : m[j][g][2 * t + 1];
+        result[l][j] = static_cast<uint32_t>(lo) | (static_cast<uint32_t>(hi) << 16);
+      }
+    std::memcpy(out, result, sizeof(result));
+  });
+}
+
 }  // namespace ember::testing::simt
 
 // ---- the CUDA names the kernels use ---------------------------------------------------------------------------------
@@ -134,4 +160,8 @@ inline uint4 make_uint4(unsigned x, unsigned y, unsigned z, unsigned w) { return
 
 namespace ember::cuda {
 using ::ember::testing::simt::mma_16816;
+inline void ldmatrix_x4(uint32_t (&r)[4], const void* smem) { ::ember::testing::simt::ldmatrix_x4(r, smem, false); }
+inline void ldmatrix_x4_trans(uint32_t (&r)[4], const void* smem) {
+  ::ember::testing::simt::ldmatrix_x4(r, smem, true);
+}
 }  // namespace ember::cuda

@@ -154,25 +154,16 @@ __device__ __forceinline__ void load_tile(uint16_t (*s)[HD + kPad], const uint16
   }
 }
 
-// B fragment (k 16 x n 8) of a product with a tile stored [n][k] (the k of the product runs along the tile's rows'
-// elements): n = tile rows n0 .. n0 + 7, k = columns k0 .. k0 + 15.
-template <int HD>
-__device__ __forceinline__ void b_from_rows(const uint16_t (*s)[HD + kPad], int n0, int k0, int lane, uint32_t& b0,
-                                            uint32_t& b1) {
-  const int g = lane >> 2, t = lane & 3;
-  b0 = load_word<uint32_t>(&s[n0 + g][k0 + 2 * t]);
-  b1 = load_word<uint32_t>(&s[n0 + g][k0 + 2 * t + 8]);
-}
-
-// B fragment (k 16 x n 8) of a product with a tile stored [k][n]: k = tile rows k0 .. k0 + 15, n = columns
-// n0 .. n0 + 7.
-template <int HD>
-__device__ __forceinline__ void b_from_columns(const uint16_t (*s)[HD + kPad], int k0, int n0, int lane, uint32_t& b0,
-                                               uint32_t& b1) {
-  const int g = lane >> 2, t = lane & 3, n = n0 + g, k = k0 + 2 * t;
-  b0 = static_cast<uint32_t>(s[k][n]) | (static_cast<uint32_t>(s[k + 1][n]) << 16);
-  b1 = static_cast<uint32_t>(s[k + 8][n]) | (static_cast<uint32_t>(s[k + 9][n]) << 16);
-}
+// B fragments from shared memory by ldmatrix.x4 (Note [Tensor-core GEMM] in tc_gemm.cu): lane l gives the address of
+// row l % 8 of 8 x 8 matrix j = l / 8, and register j of every lane receives its elements of matrix j.
+// - Tile stored [n][k] (the product's k runs along the tile's rows): B0 of n-tile n wants (k 2t..2t+1, n g), which is
+//   row g, elements 2t..2t+1 of the 8 x 8 block (rows n.., columns k..): plain ldmatrix. Matrices (n0, k0),
+//   (n0, k0 + 8), (n0 + 8, k0), (n0 + 8, k0 + 8) give B0, B1 of n-tile n0 and B0, B1 of n-tile n0 + 8.
+// - Tile stored [k][n]: the same elements are a column pair of the block (rows k.., columns n..): ldmatrix.trans,
+//   which gives lane l the elements (2 (l % 4), l / 4) and (2 (l % 4) + 1, l / 4). Matrices (k0, n0), (k0 + 8, n0),
+//   (k0, n0 + 8), (k0 + 8, n0 + 8) give B0, B1 of n-tile n0 and B0, B1 of n-tile n0 + 8.
+// Every row address is 16-byte aligned (rows of (HD + kPad) * 2 bytes, column offsets multiples of 8 elements); with
+// rows 80 or 144 bytes apart, the 8 rows of a matrix fall on distinct 16-byte bank groups.
 
 // x[kNt][4] (a warp's 16 x kTile f32 product, C layout) = a (16 x HD, A fragments) @ s^T (s stored [kTile][HD]).
 template <class T, int HD>
@@ -183,13 +174,15 @@ __device__ __forceinline__ void product_rows(float (&x)[kNt][4], const uint32_t 
     EMBER_UNROLL
     for (int e = 0; e < 4; ++e) x[nt][e] = 0.0f;
   }
+  const int j = lane >> 3, row = ((j >> 1) << 3) + (lane & 7), col = (j & 1) << 3;
   EMBER_UNROLL
   for (int ks = 0; ks < HD / 16; ++ks) {
     EMBER_UNROLL
-    for (int nt = 0; nt < kNt; ++nt) {
-      uint32_t b0, b1;
-      b_from_rows<HD>(s, nt * 8, ks * 16, lane, b0, b1);
-      mma_16816<T>(x[nt], a[ks], b0, b1);
+    for (int nt = 0; nt < kNt; nt += 2) {
+      uint32_t b[4];
+      ldmatrix_x4(b, &s[nt * 8 + row][ks * 16 + col]);
+      mma_16816<T>(x[nt], a[ks], b[0], b[1]);
+      mma_16816<T>(x[nt + 1], a[ks], b[2], b[3]);
     }
   }
 }
@@ -199,15 +192,17 @@ __device__ __forceinline__ void product_rows(float (&x)[kNt][4], const uint32_t 
 template <class T, int HD>
 __device__ __forceinline__ void accumulate_columns(float (&acc)[HD / 8][4], const float (&x)[kNt][4],
                                                    const uint16_t (*s)[HD + kPad], int lane) {
+  const int j = lane >> 3, row = ((j & 1) << 3) + (lane & 7), col = (j >> 1) << 3;
   EMBER_UNROLL
   for (int kk = 0; kk < kKt; ++kk) {
     const uint32_t a[4] = {pack2<T>(x[2 * kk][0], x[2 * kk][1]), pack2<T>(x[2 * kk][2], x[2 * kk][3]),
                            pack2<T>(x[2 * kk + 1][0], x[2 * kk + 1][1]), pack2<T>(x[2 * kk + 1][2], x[2 * kk + 1][3])};
     EMBER_UNROLL
-    for (int dt = 0; dt < HD / 8; ++dt) {
-      uint32_t b0, b1;
-      b_from_columns<HD>(s, kk * 16, dt * 8, lane, b0, b1);
-      mma_16816<T>(acc[dt], a, b0, b1);
+    for (int dt = 0; dt < HD / 8; dt += 2) {
+      uint32_t b[4];
+      ldmatrix_x4_trans(b, &s[kk * 16 + row][dt * 8 + col]);
+      mma_16816<T>(acc[dt], a, b[0], b[1]);
+      mma_16816<T>(acc[dt + 1], a, b[2], b[3]);
     }
   }
 }
@@ -406,8 +401,8 @@ __global__ void __launch_bounds__(kThreads) flash_backward_dq_kernel(FlashParams
     for (int ks_ = 0; ks_ < HD / 16; ++ks_) {
       EMBER_UNROLL
       for (int j = 0; j < 4; ++j)
-        part[j & 1] += low_half<T>(da[ks_][j]) * low_half<T>(oa[ks_][j]) +
-                       high_half<T>(da[ks_][j]) * high_half<T>(oa[ks_][j]);
+        part[j & 1] +=
+            low_half<T>(da[ks_][j]) * low_half<T>(oa[ks_][j]) + high_half<T>(da[ks_][j]) * high_half<T>(oa[ks_][j]);
     }
   } else {
     float o[HD / 8][4];

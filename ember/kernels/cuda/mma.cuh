@@ -1,5 +1,5 @@
 // PTX wrappers of the tensor-core kernels (the hand-written GEMM in tc_gemm.cu, the flash attention in
-// attention_flash.cu): shared-memory addresses, ldmatrix and mma.sync.m16n8k16 with f32 accumulators.
+// attention_flash_kernels.cuh): shared-memory addresses, ldmatrix and mma.sync.m16n8k16 with f32 accumulators.
 // Invariant: sm_80 or later at run time (callers check); the fragment layouts are those of Note [Tensor-core GEMM] in
 // tc_gemm.cu (PTX ISA, "Matrix Fragments for mma.m16n8k16 with floating point type").
 #pragma once
@@ -28,6 +28,13 @@ __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t add
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                : "r"(addr)
                : "memory");
+}
+
+// The same from a generic pointer into shared memory (the form the emulator of tests/harness/simt_emulator.h also
+// provides).
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* smem) { ldmatrix_x4(r, smem_addr(smem)); }
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void* smem) {
+  ldmatrix_x4_trans(r, smem_addr(smem));
 }
 
 // d += A (16 x 16) * B (16 x 8) with f32 accumulation (fragments as in Note [Tensor-core GEMM]).
