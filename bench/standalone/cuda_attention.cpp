@@ -16,6 +16,7 @@
 #include <functional>
 #include <vector>
 
+#include "bench/standalone/cuda_median_time.h"
 #include "ember/base/cuda_check.h"
 #include "ember/ember.h"
 #include "ember/kernels/cuda/attention.h"
@@ -29,24 +30,7 @@ namespace {
 // Median over 5 repetitions of the mean milliseconds per call of fn(), after 2 warm-up calls.
 double median_ms(int iterations, const std::function<void()>& fn) {
   for (int i = 0; i < 2; ++i) fn();
-  std::vector<double> reps;
-  for (int r = 0; r < 5; ++r) {
-    EMBER_CUDA_CHECK(cudaDeviceSynchronize());
-    cudaEvent_t start, stop;
-    EMBER_CUDA_CHECK(cudaEventCreate(&start));
-    EMBER_CUDA_CHECK(cudaEventCreate(&stop));
-    EMBER_CUDA_CHECK(cudaEventRecord(start, nullptr));
-    for (int i = 0; i < iterations; ++i) fn();
-    EMBER_CUDA_CHECK(cudaEventRecord(stop, nullptr));
-    EMBER_CUDA_CHECK(cudaEventSynchronize(stop));
-    float ms = 0;
-    EMBER_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
-    EMBER_CUDA_CHECK(cudaEventDestroy(start));
-    EMBER_CUDA_CHECK(cudaEventDestroy(stop));
-    reps.push_back(static_cast<double>(ms) / iterations);
-  }
-  std::sort(reps.begin(), reps.end());
-  return reps[2];
+  return bench::median_us(iterations, fn) / 1000.0;
 }
 
 // max |a - b| / max |b|.

@@ -154,6 +154,18 @@ __device__ __forceinline__ void load_tile(uint16_t (*s)[HD + kPad], const uint16
   }
 }
 
+// The key tile k0 of k and v (q points at the head's q columns of row 0; k and v are C and 2 C further) into ks and
+// vs, between barriers: every warp is done with the previous tile before it is overwritten, and the whole tile has
+// landed before any warp reads it.
+template <int HD>
+__device__ __forceinline__ void load_kv(uint16_t (*ks)[HD + kPad], uint16_t (*vs)[HD + kPad], const uint16_t* q,
+                                        const FlashParams& p, int64_t k0, int tid) {
+  __syncthreads();
+  load_tile<HD>(ks, q + p.C, 3 * p.C, k0, p.T, tid);
+  load_tile<HD>(vs, q + 2 * p.C, 3 * p.C, k0, p.T, tid);
+  __syncthreads();
+}
+
 // B fragments from shared memory by ldmatrix.x4 (Note [Tensor-core GEMM] in tc_gemm.cu): lane l gives the address of
 // row l % 8 of 8 x 8 matrix j = l / 8, and register j of every lane receives its elements of matrix j.
 // - Tile stored [n][k] (the product's k runs along the tile's rows): B0 of n-tile n wants (k 2t..2t+1, n g), which is
@@ -313,10 +325,7 @@ __global__ void __launch_bounds__(kThreads) flash_forward_kernel(FlashParams p) 
   float m[2] = {-inf, -inf}, l[2] = {0.0f, 0.0f};
   const int64_t k_end = key_end(p, q0);
   for (int64_t k0 = 0; k0 < k_end; k0 += kTile) {
-    __syncthreads();  // every warp is done with the previous tile
-    load_tile<HD>(ks, q + p.C, R, k0, p.T, tid);
-    load_tile<HD>(vs, q + 2 * p.C, R, k0, p.T, tid);
-    __syncthreads();
+    load_kv<HD>(ks, vs, q, p, k0, tid);
     float s[kNt][4];
     product_rows<T, HD>(s, qa, ks, lane);
     float mx[2] = {-inf, -inf};
@@ -408,10 +417,7 @@ __global__ void __launch_bounds__(kThreads) flash_backward_dq_kernel(FlashParams
     float o[HD / 8][4];
     zero(o);
     for (int64_t k0 = 0; k0 < k_end; k0 += kTile) {
-      __syncthreads();
-      load_tile<HD>(ks, q + p.C, R, k0, p.T, tid);
-      load_tile<HD>(vs, q + 2 * p.C, R, k0, p.T, tid);
-      __syncthreads();
+      load_kv<HD>(ks, vs, q, p, k0, tid);
       float s[kNt][4];
       product_rows<T, HD>(s, qa, ks, lane);
       probabilities(
@@ -438,10 +444,7 @@ __global__ void __launch_bounds__(kThreads) flash_backward_dq_kernel(FlashParams
   float dq[HD / 8][4];
   zero(dq);
   for (int64_t k0 = 0; k0 < k_end; k0 += kTile) {
-    __syncthreads();
-    load_tile<HD>(ks, q + p.C, R, k0, p.T, tid);
-    load_tile<HD>(vs, q + 2 * p.C, R, k0, p.T, tid);
-    __syncthreads();
+    load_kv<HD>(ks, vs, q, p, k0, tid);
     float s[kNt][4], dp[kNt][4];
     product_rows<T, HD>(s, qa, ks, lane);
     auto key_of = [&](int nt, int e) { return k0 + nt * 8 + 2 * t + (e & 1); };
