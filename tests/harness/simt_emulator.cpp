@@ -52,6 +52,8 @@ struct Scheduler {
   std::vector<std::vector<char>> warp_slots;  // 32 contributions per warp
   uint64_t progress = 0;                      // barrier completions and finished fibers
   const std::function<void()>* kernel = nullptr;
+  std::unique_ptr<char[]> shared_bytes;  // dynamic shared memory, 128-byte aligned within
+  void* shared = nullptr;
   std::exception_ptr error;
   const void* main_bottom = nullptr;
   size_t main_size = 0;
@@ -158,12 +160,17 @@ void warp_collective(const void* in, size_t in_bytes, void* out, size_t out_byte
   arrive_and_wait(b, 32);  // every lane has read: the slots may be reused
 }
 
-void launch(unsigned grid, unsigned block, const std::function<void()>& kernel) {
+void* dynamic_shared() { return scheduler().shared; }
+
+void launch(Dim3 grid, unsigned block, const std::function<void()>& kernel, size_t dynamic_shared) {
   if (block == 0 || block % 32 != 0 || block > 1024)
     throw SimtError("simt::launch: block size " + std::to_string(block) + " is not 1..32 whole warps");
   if (g_scheduler != nullptr) throw SimtError("simt::launch: a kernel is already running on this thread");
   Scheduler s;
   s.kernel = &kernel;
+  s.shared_bytes = std::make_unique<char[]>(dynamic_shared + 128);
+  std::memset(s.shared_bytes.get(), 0, dynamic_shared + 128);
+  s.shared = s.shared_bytes.get() + (128 - reinterpret_cast<uintptr_t>(s.shared_bytes.get()) % 128);
   s.fibers.resize(block);
   for (Fiber& f : s.fibers) f.stack = std::make_unique<char[]>(kStackBytes);
   s.warps.resize(block / 32);
@@ -172,7 +179,10 @@ void launch(unsigned grid, unsigned block, const std::function<void()>& kernel) 
   struct Reset {
     ~Reset() { g_scheduler = nullptr; }
   } reset;
-  for (unsigned b = 0; b < grid; ++b) {
+  const uint64_t blocks = uint64_t{grid.x} * grid.y * grid.z;
+  for (uint64_t b = 0; b < blocks; ++b) {
+    const Dim3 block_idx{static_cast<unsigned>(b % grid.x), static_cast<unsigned>(b / grid.x % grid.y),
+                         static_cast<unsigned>(b / grid.x / grid.y)};
     s.block = Barrier{};
     for (Barrier& w : s.warps) w = Barrier{};
     for (unsigned i = 0; i < block; ++i) {
@@ -180,9 +190,9 @@ void launch(unsigned grid, unsigned block, const std::function<void()>& kernel) 
       f.done = false;
       f.fake_stack = nullptr;
       f.index.thread_idx = {i, 0, 0};
-      f.index.block_idx = {b, 0, 0};
+      f.index.block_idx = block_idx;
       f.index.block_dim = {block, 1, 1};
-      f.index.grid_dim = {grid, 1, 1};
+      f.index.grid_dim = grid;
       f.index.lane = static_cast<int>(i % 32);
       getcontext(&f.context);
       f.context.uc_stack.ss_sp = f.stack.get();

@@ -3,7 +3,7 @@
 // the warp shuffles, ldmatrix and mma.sync m16n8k16 are rendezvous points where a fiber yields until its block (or
 // warp) has arrived. Blocks of a launch run one after the other, so `__shared__` variables (defined here as
 // function-local statics) belong to the running block. Include this header, then the kernel header (it defines the CUDA
-// keywords the kernels use), and launch with simt::launch. Invariant: 1-D grids and blocks of whole warps; a barrier
+// keywords the kernels use), and launch with simt::launch. Invariant: 1-D blocks of whole warps; a barrier
 // that not every live thread of the block (or warp) reaches is reported as a deadlock (SimtError), never hangs. What it
 // does not model: memory ordering between threads beyond the barriers, bank conflicts, timing, and any instruction not
 // defined here.
@@ -36,8 +36,15 @@ struct ThreadIndex {
 };
 const ThreadIndex& current();
 
-// Runs kernel() as grid x block threads (block a multiple of 32, at most 1024). Throws SimtError on deadlock.
-void launch(unsigned grid, unsigned block, const std::function<void()>& kernel);
+// Runs kernel() as grid.x * grid.y * grid.z blocks of `block` threads (a multiple of 32, at most 1024), with
+// `dynamic_shared` bytes of dynamic shared memory (EMBER_DYNAMIC_SHARED; 128-byte aligned, zeroed before the first
+// block). Throws SimtError on deadlock.
+void launch(Dim3 grid, unsigned block, const std::function<void()>& kernel, size_t dynamic_shared = 0);
+inline void launch(unsigned grid, unsigned block, const std::function<void()>& kernel) {
+  launch(Dim3{grid, 1, 1}, block, kernel);
+}
+// The running launch's dynamic shared memory.
+void* dynamic_shared();
 
 // Block-wide barrier of the running thread's block.
 void syncthreads();
@@ -59,10 +66,10 @@ T shfl_xor(T v, int lane_mask) {
 }
 
 // mma.sync.aligned.m16n8k16.row.col.f32.{f16,bf16}: d += A (16 x 16) B (16 x 8) over the warp's fragments, with the
-// layouts of Note [Tensor-core GEMM] in ember/kernels/cuda/tc_gemm.cu (g = lane / 4, t = lane % 4; a 32-bit register
-// holds the lower-indexed element in its low half): A0 = (g, 2t), A1 = (g + 8, 2t), A2 = (g, 2t + 8),
-// A3 = (g + 8, 2t + 8) [row, k]; B0 = (k 2t, n g), B1 = (k 2t + 8, n g); C: d0, d1 = (g, 2t..2t+1), d2, d3 =
-// (g + 8, 2t..2t+1). Sums in f32 in k order.
+// layouts of Note [Tensor-core GEMM] in ember/kernels/cuda/tc_gemm_kernel.cuh (g = lane / 4, t = lane % 4; a 32-bit
+// register holds the lower-indexed element in its low half): A0 = (g, 2t), A1 = (g + 8, 2t), A2 = (g, 2t + 8), A3 = (g
+// + 8, 2t + 8) [row, k]; B0 = (k 2t, n g), B1 = (k 2t + 8, n g); C: d0, d1 = (g, 2t..2t+1), d2, d3 = (g + 8, 2t..2t+1).
+// Sums in f32 in k order.
 template <class T>
 void mma_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
   struct Frag {
@@ -147,6 +154,8 @@ inline void ldmatrix_x4(uint32_t (&r)[4], const void* row, bool trans) {
 
 inline void __syncthreads() { ::ember::testing::simt::syncthreads(); }
 
+#define EMBER_DYNAMIC_SHARED(T, name) T* name = static_cast<T*>(::ember::testing::simt::dynamic_shared())
+
 template <class T>
 T __shfl_xor_sync(unsigned mask, T v, int lane_mask) {
   if (mask != 0xffffffffu) throw ::ember::testing::simt::SimtError("__shfl_xor_sync: only full-warp masks");
@@ -164,4 +173,15 @@ inline void ldmatrix_x4(uint32_t (&r)[4], const void* smem) { ::ember::testing::
 inline void ldmatrix_x4_trans(uint32_t (&r)[4], const void* smem) {
   ::ember::testing::simt::ldmatrix_x4(r, smem, true);
 }
+// cp.async as a synchronous copy (16 bytes, those past src_bytes zero; both addresses 16-byte aligned): the
+// commit/wait protocol then holds trivially, so a kernel's pipeline runs, but a missing wait goes unnoticed.
+inline void cp_async_16(void* dst, const void* src, int src_bytes) {
+  if (reinterpret_cast<uintptr_t>(dst) % 16 != 0 || (src_bytes > 0 && reinterpret_cast<uintptr_t>(src) % 16 != 0))
+    throw ::ember::testing::simt::SimtError("cp.async: an address is not 16-byte aligned");
+  std::memset(dst, 0, 16);
+  if (src_bytes > 0) std::memcpy(dst, src, static_cast<size_t>(src_bytes));
+}
+inline void cp_async_commit() {}
+template <int N>
+void cp_async_wait() {}
 }  // namespace ember::cuda

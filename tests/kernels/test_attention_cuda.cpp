@@ -129,6 +129,26 @@ TEST_P(AttentionCudaTest, FlashMatchesFloat64Reference) {
   for (bool causal : {true, false}) check_attention(device(), DType::bf16, {1, 1024, 128, 2}, causal);
 }
 
+// A grad_out that is not 16-byte aligned (a view one element into its buffer) is copied and runs the flash backward,
+// the forward's path, rather than the tiled one.
+TEST_P(AttentionCudaTest, FlashBackwardCopiesAMisalignedGradOut) {
+  if (!device().is_cuda()) GTEST_SKIP() << "the CUDA flash kernels";
+  const AttentionStrategyScope flash(AttentionStrategy::Flash);
+  const int64_t B = 2, T = 70, C = 128, H = 2;
+  const Tensor x = rand_input({B, T, 3 * C}).to(DType::bf16).to(DType::f64);
+  const Tensor g = rand_input({B * T * C + 1}).to(DType::bf16).to(DType::f64);
+  const Tensor g_view = g.slice(0, 1, B * T * C + 1).view({B, T, C});
+  const Reference ref = naive_attention(x.to_vector<double>(), g_view.to_vector<double>(), B, T, C, H, true);
+  const Tensor qkv = x.to(device(), DType::bf16);
+  const Tensor go = g.to(device(), DType::bf16).slice(0, 1, B * T * C + 1).view({B, T, C});
+  ASSERT_NE(reinterpret_cast<uintptr_t>(go.raw_data()) % 16, 0u);
+  const AttentionResult r = ops::attention_qkv(qkv, H, true);
+  const int64_t calls = ::ember::cuda::flash_attention_calls();
+  const Tensor grad = ops::attention_qkv_backward(go, qkv, r.lse, H, true, r.out);
+  EXPECT_EQ(::ember::cuda::flash_attention_calls(), calls + 1);
+  EXPECT_LE(normalised_error(grad, ref.grad), 1e-2);
+}
+
 // Under Flash, calls the flash kernels do not cover (f32, head size 4) run the tiled path and stay exact.
 TEST_P(AttentionCudaTest, FlashFallsBackToTiledOutsideItsCover) {
   if (!device().is_cuda()) GTEST_SKIP() << "the CUDA attention paths";

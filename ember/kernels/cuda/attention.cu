@@ -445,7 +445,7 @@ void attention_cuda(const Tensor& qkv, int64_t n_head, bool causal, const Tensor
   DeviceGuard guard(device);
   const cudaStream_t stream = ::ember::cuda::current_stream(device).get();
   const ::ember::cuda::FlashShape fs{g.B, g.T, g.C, g.H};
-  if (::ember::cuda::flash_attention_applies(g.dtype, fs, qkv.raw_data(), nullptr, device)) {
+  if (::ember::cuda::flash_attention_applies(g.dtype, fs, qkv.raw_data(), out.raw_data(), device)) {
     ::ember::cuda::flash_attention_forward(g.dtype, fs, causal, qkv.raw_data(), out.raw_data(),
                                            static_cast<float*>(lse.raw_data()), device, stream);
     return;
@@ -464,11 +464,14 @@ void attention_backward_cuda(const Tensor& grad_out, const Tensor& qkv, const Te
   DeviceGuard guard(device);
   const cudaStream_t stream = ::ember::cuda::current_stream(device).get();
   const ::ember::cuda::FlashShape fs{g.B, g.T, g.C, g.H};
-  if (::ember::cuda::flash_attention_applies(g.dtype, fs, qkv.raw_data(), grad_out.raw_data(), device)) {
+  if (::ember::cuda::flash_attention_applies(g.dtype, fs, qkv.raw_data(), grad_qkv.raw_data(), device)) {
+    // The backward takes the forward's path whenever the forward could: a grad_out that is not 16-byte aligned (a
+    // view) is copied rather than sent to the tiled path, whose weights would come from lse of other scores.
+    const Tensor go = ::ember::cuda::pack_aligned(grad_out.raw_data()) ? grad_out : grad_out.clone();
     // The forward's output spares the flash backward a pass (its 32-bit fragment loads need 4-byte alignment).
-    const bool use_out = out.defined() && reinterpret_cast<uintptr_t>(out.raw_data()) % 4 == 0;
     if (out.defined()) check_like_qkv(op, "out", out, qkv, Shape({g.B, g.T, g.C}));
-    ::ember::cuda::flash_attention_backward(g.dtype, fs, causal, grad_out.raw_data(), qkv.raw_data(),
+    const bool use_out = out.defined() && reinterpret_cast<uintptr_t>(out.raw_data()) % 4 == 0;
+    ::ember::cuda::flash_attention_backward(g.dtype, fs, causal, go.raw_data(), qkv.raw_data(),
                                             use_out ? out.raw_data() : nullptr,
                                             static_cast<const float*>(lse.raw_data()), grad_qkv.raw_data(), device,
                                             stream);

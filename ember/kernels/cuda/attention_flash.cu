@@ -55,10 +55,10 @@ bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0;
 
 }  // namespace
 
-bool flash_attention_applies(DType dtype, const FlashShape& s, const void* qkv, const void* grad_out, int device) {
+bool flash_attention_applies(DType dtype, const FlashShape& s, const void* qkv, const void* result, int device) {
   return attention_strategy() == AttentionStrategy::Flash && s.H > 0 && s.C % s.H == 0 &&
          flash_attention_supported(dtype, s.C / s.H) && aligned16(qkv) &&
-         (grad_out == nullptr || aligned16(grad_out)) && device_properties(device).major >= 8;
+         reinterpret_cast<uintptr_t>(result) % 4 == 0 && device_properties(device).major >= 8;
 }
 
 void flash_attention_forward(DType dtype, const FlashShape& s, bool causal, const void* qkv, void* out, float* lse,

@@ -12,6 +12,12 @@
 #include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <type_traits>
+
+#if defined(__CUDACC__)
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#endif
 
 #include "ember/base/host_device.h"
 #include "ember/core/half.h"
@@ -27,8 +33,8 @@ using ::ember::kernels::ember_log;
 // Note [Flash attention]
 // The algorithm of FlashAttention-2 (Dao, 2023) over the packed qkv [B, T, 3 C] of a GPT block, head size HD (32 or
 // 64), scale 1 / sqrt(HD). A tile is 64 rows; a block has 4 warps, warp w owning rows 16 w .. 16 w + 15 of its tile,
-// so each warp's products are m16n8k16 mma.sync tiles (fragments as in Note [Tensor-core GEMM] in tc_gemm.cu) with
-// its 16 rows as the A operand, held in registers for the whole block.
+// so each warp's products are m16n8k16 mma.sync tiles (fragments as in Note [Tensor-core GEMM] in tc_gemm_kernel.cuh)
+// with its 16 rows as the A operand, held in registers for the whole block.
 //
 // Forward (grid: B H query tiles, the most loaded causal tiles first). The warp keeps its q rows as A fragments, and
 // per row a running max m, a running sum l (the thread's share; the quad's four shares are added at the end) and the
@@ -38,7 +44,9 @@ using ::ember::kernels::ember_log;
 // operand (its C-fragment layout is the A layout of the next product, two n-tiles per k step). At the end
 // out = o / l (rounded once) and lse = m + log l. A row whose max is still -inf (no key yet) uses 0 in place of m',
 // so its p and e^(m - m') are 0 and not NaN; a NaN or +inf score makes the row's l, and so out and lse, NaN, as the
-// CPU kernel gives.
+// CPU kernel gives. Unlike the CPU kernel, which visits only a row's unmasked keys, the tile products also multiply
+// the masked keys of the diagonal tile (by p = 0): a NaN or inf in such a key's k or v (or, backward, in a masked
+// query's q or grad_out) makes the rows of that tile NaN here and not on the CPU. Finite inputs give the same sums.
 //
 // Backward, two launches; p is recomputed as e^(s - lse) from the saved lse, and
 //   ds_ij = p_ij (dp_ij - delta_i) scale,  dp = grad_out v^T,  delta_i = sum_j p_ij dp_ij = grad_out_i . o_i.
@@ -105,9 +113,21 @@ __device__ __forceinline__ void store_word(void* p, const W& w) {
 
 // ---- fragments --------------------------------------------------------------------------------------------------
 
+// Two floats rounded to nearest even as 16-bit T, `lo` in the low half. On the device by one conversion instruction
+// for the pair (the same rounding as core/half.h for every non-NaN value; a NaN may keep another payload).
 template <class T>
 __device__ __forceinline__ uint32_t pack2(float lo, float hi) {
+#if defined(__CUDA_ARCH__)
+  if constexpr (std::is_same_v<T, Half>) {
+    const __half2 h = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<const uint32_t*>(&h);
+  } else {
+    const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<const uint32_t*>(&h);
+  }
+#else
   return static_cast<uint32_t>(T(lo).bits) | (static_cast<uint32_t>(T(hi).bits) << 16);
+#endif
 }
 template <class T>
 __device__ __forceinline__ float low_half(uint32_t w) {
@@ -166,8 +186,8 @@ __device__ __forceinline__ void load_kv(uint16_t (*ks)[HD + kPad], uint16_t (*vs
   __syncthreads();
 }
 
-// B fragments from shared memory by ldmatrix.x4 (Note [Tensor-core GEMM] in tc_gemm.cu): lane l gives the address of
-// row l % 8 of 8 x 8 matrix j = l / 8, and register j of every lane receives its elements of matrix j.
+// B fragments from shared memory by ldmatrix.x4 (Note [Tensor-core GEMM] in tc_gemm_kernel.cuh): lane l gives the
+// address of row l % 8 of 8 x 8 matrix j = l / 8, and register j of every lane receives its elements of matrix j.
 // - Tile stored [n][k] (the product's k runs along the tile's rows): B0 of n-tile n wants (k 2t..2t+1, n g), which is
 //   row g, elements 2t..2t+1 of the 8 x 8 block (rows n.., columns k..): plain ldmatrix. Matrices (n0, k0),
 //   (n0, k0 + 8), (n0 + 8, k0), (n0 + 8, k0 + 8) give B0, B1 of n-tile n0 and B0, B1 of n-tile n0 + 8.
@@ -316,7 +336,7 @@ __global__ void __launch_bounds__(kThreads) flash_forward_kernel(FlashParams p) 
   const uint16_t* q = p.qkv + w.b * p.T * R + w.h * HD;
   const int64_t q0 = w.tile * kTile, r0 = q0 + 16 * warp;
   const int64_t rows[2] = {r0 + g, r0 + g + 8};
-  const float inf = std::numeric_limits<float>::infinity();
+  const float inf = INFINITY;
 
   uint32_t qa[HD / 16][4];
   load_a<HD>(qa, q, R, r0, p.T, lane);

@@ -1,5 +1,6 @@
 // PTX wrappers of the tensor-core kernels (the hand-written GEMM in tc_gemm.cu, the flash attention in
-// attention_flash_kernels.cuh): shared-memory addresses, ldmatrix and mma.sync.m16n8k16 with f32 accumulators.
+// attention_flash_kernels.cuh): shared-memory addresses, cp.async, ldmatrix and mma.sync.m16n8k16 with f32
+// accumulators.
 // Invariant: sm_80 or later at run time (callers check); the fragment layouts are those of Note [Tensor-core GEMM] in
 // tc_gemm.cu (PTX ISA, "Matrix Fragments for mma.m16n8k16 with floating point type").
 #pragma once
@@ -8,6 +9,19 @@
 #include <type_traits>
 
 #include "ember/core/dtype.h"
+
+// Unrolling by a given factor, in device code only (EMBER_UNROLL, base/host_device.h, unrolls fully).
+#if defined(__CUDA_ARCH__)
+#define EMBER_PRAGMA(x) _Pragma(#x)
+#define EMBER_UNROLL_N(n) EMBER_PRAGMA(unroll n)
+#else
+#define EMBER_UNROLL_N(n)
+#endif
+
+// The kernel's dynamic shared memory as `T name[]`, 128-byte aligned (the emulator defines its own form).
+#if defined(__CUDACC__)
+#define EMBER_DYNAMIC_SHARED(T, name) extern __shared__ __align__(128) T name[]
+#endif
 
 namespace ember::cuda {
 
@@ -35,6 +49,21 @@ __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t add
 __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* smem) { ldmatrix_x4(r, smem_addr(smem)); }
 __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void* smem) {
   ldmatrix_x4_trans(r, smem_addr(smem));
+}
+
+// 16-byte global -> shared copy (cp.async.cg); the bytes past src_bytes (0 or 16) are zero-filled and src is not read
+// for them. Completion: cp_async_commit groups the copies issued so far, cp_async_wait<N> waits until at most N groups
+// are pending.
+__device__ __forceinline__ void cp_async_16(void* dst_smem, const void* src, int src_bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst_smem)), "l"(src), "r"(src_bytes)
+               : "memory");
+}
+
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
 
 // d += A (16 x 16) * B (16 x 8) with f32 accumulation (fragments as in Note [Tensor-core GEMM]).
