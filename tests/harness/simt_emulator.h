@@ -9,6 +9,9 @@
 // defined here.
 #pragma once
 
+// Device code guarded for nvcc (block_reduce.cuh) also compiles for the emulator.
+#define EMBER_SIMT_EMULATION 1
+
 #include <cstddef>
 #include <cstdint>
 #include <cstring>

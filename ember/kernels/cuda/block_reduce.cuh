@@ -13,7 +13,7 @@ namespace ember::cuda {
 inline constexpr int kWarpSize = 32;
 inline constexpr unsigned kFullMask = 0xffffffffu;
 
-#if defined(__CUDACC__)
+#if defined(__CUDACC__) || defined(EMBER_SIMT_EMULATION)  // the CPU emulator of tests/harness/simt_emulator.h
 // max that propagates NaN from either side (a plain `a > b ? a : b` drops a NaN b), as the CPU's has_nan flag does.
 template <class A>
 __device__ __forceinline__ A nan_max(A a, A b) {

@@ -119,7 +119,7 @@ inline unsigned int grid_for(int64_t n, int device) {
   return static_cast<unsigned int>(blocks < 1 ? 1 : blocks);
 }
 
-#if defined(__CUDACC__)
+#if defined(__CUDACC__) || defined(EMBER_SIMT_EMULATION)
 // First index and step of a grid-stride loop (int64 so that tensors beyond 2^31 elements index correctly).
 __device__ __forceinline__ int64_t grid_stride_begin() {
   return static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
