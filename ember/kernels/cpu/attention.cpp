@@ -243,8 +243,8 @@ void attention_backward_typed(const Tensor& grad_out, const Tensor& qkv, const T
 // Note [16-bit attention on the CPU]
 // f16/bf16 qkv (autocast's products) run the f32 kernel on an f32 copy of qkv (and of grad_out) into f32 results that
 // are rounded once into out (grad_qkv); lse is f32 (attention_lse_dtype). So the scores, weights and every sum stay
-// in f32 — as the f32 accumulation of a 16-bit GEMM would keep them — and the output is rounded once, where the CUDA
-// kernel also rounds its scores and weights to 16 bits between its products (Note [Attention precision] in
+// in f32 — as the f32 accumulation of a 16-bit GEMM would keep them — and the output is rounded once, where the tiled
+// CUDA path also rounds its scores and weights to 16 bits between its products (Note [Attention precision] in
 // cuda/attention.cu). The copies are workspace of the call: 2 (forward) or 3 (backward) f32 tensors the size of the
 // 16-bit operands, taken before the per-thread buffers and replayed on meta in that order.
 
@@ -274,8 +274,7 @@ void attention_kernel(const Tensor& qkv, int64_t n_head, bool causal, const Tens
 }
 
 void attention_backward_kernel(const Tensor& grad_out, const Tensor& qkv, const Tensor& /*out*/, const Tensor& lse,
-                               int64_t n_head,
-                               bool causal, const Tensor& grad_qkv) {
+                               int64_t n_head, bool causal, const Tensor& grad_qkv) {
   switch (qkv.dtype()) {
     case DType::f32:
       return attention_backward_typed<float>(grad_out, qkv, lse, n_head, causal, grad_qkv);
@@ -322,8 +321,7 @@ void attention_meta_kernel(const Tensor& qkv, int64_t n_head, bool causal, const
 }
 
 void attention_backward_meta_kernel(const Tensor&, const Tensor& qkv, const Tensor&, const Tensor&, int64_t n_head,
-                                    bool causal,
-                                    const Tensor&) {
+                                    bool causal, const Tensor&) {
   check_meta_dtype("attention_qkv_backward", qkv.dtype());
   const AttentionGeometry g = geometry(qkv, n_head);
   MetaWorkspace ws;
