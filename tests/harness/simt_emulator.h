@@ -1,7 +1,7 @@
 // A CPU emulator of the CUDA execution model, enough to run ember's warp-synchronous kernels on a machine without a
 // GPU: every thread of a block is a fiber (ucontext) on the calling thread, scheduled round-robin; __syncthreads,
-// the warp shuffles, ldmatrix and mma.sync m16n8k16 are rendezvous points where a fiber yields until its block (or
-// warp) has arrived. Blocks of a launch run one after the other, so `__shared__` variables (defined here as
+// the warp shuffles (xor, down), ldmatrix and mma.sync m16n8k16 are rendezvous points where a fiber yields until its
+// block (or warp) has arrived. Blocks of a launch run one after the other, so `__shared__` variables (defined here as
 // function-local statics) belong to the running block. Include this header, then the kernel header (it defines the CUDA
 // keywords the kernels use), and launch with simt::launch. Invariant: 1-D blocks of whole warps; a barrier
 // that not every live thread of the block (or warp) reaches is reported as a deadlock (SimtError), never hangs. What it
@@ -66,6 +66,16 @@ T shfl_xor(T v, int lane_mask) {
   T all[32];
   warp_exchange(&v, sizeof(T), all);
   return all[current().lane ^ lane_mask];
+}
+
+// __shfl_down_sync over a full warp: lane l gets lane l + delta's value, or its own past lane 31.
+template <class T>
+T shfl_down(T v, unsigned delta) {
+  static_assert(std::is_trivially_copyable_v<T>);
+  T all[32];
+  warp_exchange(&v, sizeof(T), all);
+  const unsigned from = static_cast<unsigned>(current().lane) + delta;
+  return from < 32 ? all[from] : v;
 }
 
 // mma.sync.aligned.m16n8k16.row.col.f32.{f16,bf16}: d += A (16 x 16) B (16 x 8) over the warp's fragments, with the
@@ -164,6 +174,14 @@ T __shfl_xor_sync(unsigned mask, T v, int lane_mask) {
   if (mask != 0xffffffffu) throw ::ember::testing::simt::SimtError("__shfl_xor_sync: only full-warp masks");
   return ::ember::testing::simt::shfl_xor(v, lane_mask);
 }
+
+template <class T>
+T __shfl_down_sync(unsigned mask, T v, unsigned delta) {
+  if (mask != 0xffffffffu) throw ::ember::testing::simt::SimtError("__shfl_down_sync: only full-warp masks");
+  return ::ember::testing::simt::shfl_down(v, delta);
+}
+
+#define __restrict__ __restrict
 
 struct alignas(16) uint4 {
   unsigned x, y, z, w;
