@@ -1,6 +1,7 @@
 // Hand-written CUDA kernels against the ceilings they chase, on CUDA device 0: achieved GB/s of the memory-bound ops
 // (elementwise, GELU, softmax, layer norm, cross-entropy, row sums, AdamW) next to a device-to-device copy measured
-// in the same run, and TFLOP/s of the hand-written tensor-core GEMM next to cuBLASLt on the same operands.
+// in the same run, and TFLOP/s of the hand-written tensor-core GEMMs (mma.sync; wgmma + TMA on Hopper) next to
+// cuBLASLt on the same operands.
 // Bytes counted are the minimum an op must move (each input read once, each output written once), so "% of copy" is
 // the share of the copy's bandwidth the kernel reaches. Exits 0 with a note when no GPU is visible.
 // Usage: cuda_kernels [--quick]   (--quick: smaller sizes, for a smoke run)
@@ -149,14 +150,17 @@ int main(int argc, char** argv) {
   // ---- GEMM: hand-written tensor-core kernel against cuBLASLt -------------------------------------------------------
   // gemm() takes the strategy from EMBER_GEMM at first use; pin it so the cuBLASLt column is cuBLASLt whatever it says.
   cuda::set_gemm_strategy(cuda::GemmStrategy::CublasLt);
-  std::printf("\n| GEMM (M = N = K) | dtype | cuBLASLt TFLOP/s | tensor-core TFLOP/s | ratio | normalised diff |\n");
-  std::printf("|---:|---|---:|---:|---:|---:|\n");
+  // Both hand-written kernels: mma.sync (any sm_80+) and, where the build and device allow, wgmma + TMA (Hopper).
+  const bool wgmma = cuda::wgmma_gemm_supported(dev.index);
+  std::printf("\n| GEMM (M = N = K) | dtype | cuBLASLt TFLOP/s | mma.sync TFLOP/s | ratio | wgmma TFLOP/s | ratio | "
+              "normalised diff (mma.sync, wgmma) |\n");
+  std::printf("|---:|---|---:|---:|---:|---:|---:|---|\n");
   const cudaStream_t stream = nullptr;
   std::vector<int64_t> sizes = quick ? std::vector<int64_t>{1024} : std::vector<int64_t>{1024, 2048, 4096, 8192};
   for (DType dt : {DType::f16, DType::bf16}) {
     for (int64_t s : sizes) {
       const Tensor a = randn({s, s}, f32).to(dt), b = randn({s, s}, f32).to(dt);
-      Tensor c_lt = empty({s, s}, {dt, dev}), c_tc = empty({s, s}, {dt, dev});
+      Tensor c_lt = empty({s, s}, {dt, dev}), c_tc = empty({s, s}, {dt, dev}), c_wg = empty({s, s}, {dt, dev});
       // At least 5 calls and about 2^39 FLOP per timed loop (256 calls at 1024, 5 at 4096 and 8192), so the loop runs
       // for about a millisecond or more and the launch latency before its first kernel is a small share of it.
       const int gemm_iters = static_cast<int>(std::max<int64_t>(5, (int64_t{1} << 38) / (s * s * s)));
@@ -165,12 +169,24 @@ int main(int argc, char** argv) {
                    1.0, 0.0, 0, stream);
       });
       const double tc_ms = median_ms(gemm_iters, [&] {
-        cuda::tensor_core_gemm(dt, 1, s, s, s, a.raw_data(), b.raw_data(), c_tc.raw_data(), stream);
+        cuda::tensor_core_gemm(dt, 1, s, s, s, a.raw_data(), b.raw_data(), c_tc.raw_data(), stream,
+                               cuda::TcGemmKernel::MmaSync);
+      });
+      const double wg_ms = !wgmma ? 0.0 : median_ms(gemm_iters, [&] {
+        cuda::tensor_core_gemm(dt, 1, s, s, s, a.raw_data(), b.raw_data(), c_wg.raw_data(), stream,
+                               cuda::TcGemmKernel::Wgmma);
       });
       const double flop = 2.0 * static_cast<double>(s) * static_cast<double>(s) * static_cast<double>(s);
       const double lt = flop / (lt_ms * 1e-3) / 1e12, tc = flop / (tc_ms * 1e-3) / 1e12;
-      std::printf("| %lld | %s | %.1f | %.1f | %.0f%% | %.1e |\n", static_cast<long long>(s), dtype_name(dt), lt, tc,
-                  100.0 * tc / lt, normalised_error(c_tc, c_lt));
+      if (wgmma) {
+        const double wg = flop / (wg_ms * 1e-3) / 1e12;
+        std::printf("| %lld | %s | %.1f | %.1f | %.0f%% | %.1f | %.0f%% | %.1e, %.1e |\n", static_cast<long long>(s),
+                    dtype_name(dt), lt, tc, 100.0 * tc / lt, wg, 100.0 * wg / lt, normalised_error(c_tc, c_lt),
+                    normalised_error(c_wg, c_lt));
+      } else {
+        std::printf("| %lld | %s | %.1f | %.1f | %.0f%% | — | — | %.1e, — |\n", static_cast<long long>(s),
+                    dtype_name(dt), lt, tc, 100.0 * tc / lt, normalised_error(c_tc, c_lt));
+      }
     }
   }
   return 0;

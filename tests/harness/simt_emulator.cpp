@@ -7,6 +7,7 @@
 #include <exception>
 #include <memory>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #if defined(__SANITIZE_ADDRESS__)
@@ -34,6 +35,12 @@ struct Barrier {
   uint64_t generation = 0;
 };
 
+struct Mbarrier {
+  unsigned count = 0, pending = 0;
+  int64_t tx = 0;  // expected transaction bytes not yet delivered
+  uint64_t phase = 0;
+};
+
 struct Fiber {
   ucontext_t context{};
   std::unique_ptr<char[]> stack;
@@ -50,6 +57,9 @@ struct Scheduler {
   Barrier block;
   std::vector<Barrier> warps;
   std::vector<std::vector<char>> warp_slots;  // 32 contributions per warp
+  std::vector<Barrier> warpgroups;
+  std::vector<std::vector<char>> warpgroup_slots;  // 128 contributions per warpgroup
+  std::unordered_map<const void*, Mbarrier> mbarriers;  // of the running block
   uint64_t progress = 0;                      // barrier completions and finished fibers
   const std::function<void()>* kernel = nullptr;
   std::unique_ptr<char[]> shared_bytes;  // dynamic shared memory, 128-byte aligned within
@@ -136,19 +146,18 @@ void warp_exchange(const void* in, size_t bytes, void* all) {
   arrive_and_wait(s.warps[warp], 32);  // every lane has read: the slots may be reused
 }
 
-void warp_collective(const void* in, size_t in_bytes, void* out, size_t out_bytes,
-                     const std::function<void(const char* all_in, char* all_out)>& combine) {
+namespace {
+
+// The last of `n` threads to arrive at `b` runs combine over their `slots`, then opens the barrier.
+void collective(Barrier& b, std::vector<char>& slots, unsigned n, unsigned index, const void* in, size_t in_bytes,
+                void* out, size_t out_bytes, const std::function<void(const char* all_in, char* all_out)>& combine) {
   Scheduler& s = scheduler();
-  const ThreadIndex& me = s.fibers[s.running].index;
-  const size_t warp = me.thread_idx.x / 32;
-  std::vector<char>& slots = s.warp_slots[warp];
-  if (slots.size() < 32 * (in_bytes + out_bytes)) slots.resize(32 * (in_bytes + out_bytes));
+  if (slots.size() < n * (in_bytes + out_bytes)) slots.resize(n * (in_bytes + out_bytes));
   char* all_in = slots.data();
-  char* all_out = slots.data() + 32 * in_bytes;
-  std::memcpy(all_in + static_cast<size_t>(me.lane) * in_bytes, in, in_bytes);
-  Barrier& b = s.warps[warp];
+  char* all_out = slots.data() + n * in_bytes;
+  std::memcpy(all_in + static_cast<size_t>(index) * in_bytes, in, in_bytes);
   const uint64_t generation = b.generation;
-  if (++b.arrived == 32) {  // the last lane in combines for the warp, then opens the barrier
+  if (++b.arrived == n) {
     combine(all_in, all_out);
     b.arrived = 0;
     ++b.generation;
@@ -156,8 +165,96 @@ void warp_collective(const void* in, size_t in_bytes, void* out, size_t out_byte
   } else {
     while (b.generation == generation) yield();
   }
-  std::memcpy(out, all_out + static_cast<size_t>(me.lane) * out_bytes, out_bytes);
-  arrive_and_wait(b, 32);  // every lane has read: the slots may be reused
+  std::memcpy(out, all_out + static_cast<size_t>(index) * out_bytes, out_bytes);
+  arrive_and_wait(b, n);  // every thread has read: the slots may be reused
+}
+
+}  // namespace
+
+void warp_collective(const void* in, size_t in_bytes, void* out, size_t out_bytes,
+                     const std::function<void(const char* all_in, char* all_out)>& combine) {
+  Scheduler& s = scheduler();
+  const ThreadIndex& me = s.fibers[s.running].index;
+  const size_t warp = me.thread_idx.x / 32;
+  collective(s.warps[warp], s.warp_slots[warp], 32, static_cast<unsigned>(me.lane), in, in_bytes, out, out_bytes,
+             combine);
+}
+
+void warpgroup_collective(const void* in, size_t in_bytes, void* out, size_t out_bytes,
+                          const std::function<void(const char* all_in, char* all_out)>& combine) {
+  Scheduler& s = scheduler();
+  if (s.fibers.size() % 128 != 0) throw SimtError("simt: a warpgroup operation in a block of partial warpgroups");
+  const unsigned t = s.fibers[s.running].index.thread_idx.x;
+  collective(s.warpgroups[t / 128], s.warpgroup_slots[t / 128], 128, t % 128, in, in_bytes, out, out_bytes, combine);
+}
+
+void yield_now() { yield(); }
+
+namespace {
+
+Mbarrier& mbarrier_at(void* bar) {
+  Scheduler& s = scheduler();
+  auto it = s.mbarriers.find(bar);
+  if (it == s.mbarriers.end()) throw SimtError("simt: an mbarrier used before mbarrier.init");
+  return it->second;
+}
+
+void complete_if_done(Mbarrier& m) {
+  if (m.pending == 0 && m.tx == 0) {
+    ++m.phase;
+    m.pending = m.count;
+    ++scheduler().progress;
+  }
+}
+
+}  // namespace
+
+void mbarrier_init(void* bar, unsigned count) {
+  if (reinterpret_cast<uintptr_t>(bar) % 8 != 0) throw SimtError("simt: an mbarrier is not 8-byte aligned");
+  if (count == 0) throw SimtError("simt: mbarrier.init with count 0");
+  scheduler().mbarriers[bar] = Mbarrier{count, count, 0, 0};
+}
+
+void mbarrier_arrive(void* bar, unsigned expect_tx_bytes) {
+  Mbarrier& m = mbarrier_at(bar);
+  if (m.pending == 0) throw SimtError("simt: more arrivals on an mbarrier than its count");
+  m.tx += expect_tx_bytes;
+  --m.pending;
+  complete_if_done(m);
+}
+
+void mbarrier_complete_tx(void* bar, unsigned bytes) {
+  Mbarrier& m = mbarrier_at(bar);
+  m.tx -= bytes;
+  complete_if_done(m);
+}
+
+bool mbarrier_test_parity(void* bar, unsigned parity) { return (mbarrier_at(bar).phase & 1u) != (parity & 1u); }
+
+void tma_load(void* dst, const TensorMap& map, const int (&c)[3], void* bar) {
+  if (reinterpret_cast<uintptr_t>(dst) % 128 != 0) throw SimtError("simt: a TMA destination is not 128-byte aligned");
+  const uint64_t row_bytes = uint64_t{map.box[0]} * map.elem_bytes;
+  if (map.swizzle_128b && row_bytes != 128)
+    throw SimtError("simt: the emulated 128-byte swizzle takes boxes of 128-byte rows only");
+  char* out = static_cast<char*>(dst);
+  for (uint32_t i2 = 0; i2 < map.box[2]; ++i2)
+    for (uint32_t i1 = 0; i1 < map.box[1]; ++i1)
+      for (uint32_t i0 = 0; i0 < map.box[0]; ++i0) {
+        const int64_t g0 = int64_t{c[0]} + i0, g1 = int64_t{c[1]} + i1, g2 = int64_t{c[2]} + i2;
+        uintptr_t at = reinterpret_cast<uintptr_t>(out) + ((uint64_t{i2} * map.box[1] + i1) * map.box[0] + i0) *
+                                                              map.elem_bytes;
+        if (map.swizzle_128b) at = swizzle_128b(at);
+        const bool inside = g0 >= 0 && g1 >= 0 && g2 >= 0 && static_cast<uint64_t>(g0) < map.dims[0] &&
+                            static_cast<uint64_t>(g1) < map.dims[1] && static_cast<uint64_t>(g2) < map.dims[2];
+        if (inside) {
+          const char* src = static_cast<const char*>(map.base) + static_cast<uint64_t>(g0) * map.elem_bytes +
+                            static_cast<uint64_t>(g1) * map.strides[1] + static_cast<uint64_t>(g2) * map.strides[2];
+          std::memcpy(reinterpret_cast<void*>(at), src, map.elem_bytes);
+        } else {
+          std::memset(reinterpret_cast<void*>(at), 0, map.elem_bytes);
+        }
+      }
+  mbarrier_complete_tx(bar, static_cast<unsigned>(uint64_t{map.box[0]} * map.box[1] * map.box[2] * map.elem_bytes));
 }
 
 void* dynamic_shared() { return scheduler().shared; }
@@ -175,6 +272,8 @@ void launch(Dim3 grid, unsigned block, const std::function<void()>& kernel, size
   for (Fiber& f : s.fibers) f.stack = std::make_unique<char[]>(kStackBytes);
   s.warps.resize(block / 32);
   s.warp_slots.resize(block / 32);
+  s.warpgroups.resize((block + 127) / 128);
+  s.warpgroup_slots.resize((block + 127) / 128);
   g_scheduler = &s;
   struct Reset {
     ~Reset() { g_scheduler = nullptr; }
@@ -185,6 +284,8 @@ void launch(Dim3 grid, unsigned block, const std::function<void()>& kernel, size
                          static_cast<unsigned>(b / grid.x / grid.y)};
     s.block = Barrier{};
     for (Barrier& w : s.warps) w = Barrier{};
+    for (Barrier& w : s.warpgroups) w = Barrier{};
+    s.mbarriers.clear();
     for (unsigned i = 0; i < block; ++i) {
       Fiber& f = s.fibers[i];
       f.done = false;

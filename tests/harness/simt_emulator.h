@@ -149,6 +149,47 @@ inline void ldmatrix_x4(uint32_t (&r)[4], const void* row, bool trans) {
   });
 }
 
+
+// Every thread of the running thread's warpgroup (128 consecutive threads; the block must be whole warpgroups)
+// contributes `in_bytes`; once all 128 have, combine runs once for the group (128 contributions in, 128 results of
+// `out_bytes` out, thread order) and each thread receives its result in `out`.
+void warpgroup_collective(const void* in, size_t in_bytes, void* out, size_t out_bytes,
+                          const std::function<void(const char* all_in, char* all_out)>& combine);
+
+// Lets the other threads of the block run (a spin-wait's body).
+void yield_now();
+
+// ---- mbarriers and TMA (sm_90) ----
+// An mbarrier lives at a shared-memory address (its 8 bytes are not used); its state is kept per block. A phase
+// completes when `count` arrivals and every expected transaction byte have come; completions count as progress.
+void mbarrier_init(void* bar, unsigned count);
+// One arrival; with expect_tx_bytes > 0 it also expects that many transaction bytes (arrive.expect_tx).
+void mbarrier_arrive(void* bar, unsigned expect_tx_bytes);
+// Transaction bytes delivered (what a TMA copy does on completion).
+void mbarrier_complete_tx(void* bar, unsigned bytes);
+// mbarrier.try_wait.parity: true once the phase of this parity has completed (the current phase's parity differs).
+bool mbarrier_test_parity(void* bar, unsigned parity);
+
+// What a CUtensorMap describes, for the emulated TMA: a tensor of up to 3 dims (dims[0] innermost, contiguous), byte
+// strides of dims 1 and 2, a box, and the 128-byte swizzle (then box[0] * elem_bytes must be 128).
+struct TensorMap {
+  const void* base = nullptr;
+  uint64_t dims[3] = {1, 1, 1};
+  uint64_t strides[3] = {0, 0, 0};  // bytes; strides[0] unused (elem_bytes)
+  uint32_t box[3] = {1, 1, 1};
+  uint32_t elem_bytes = 2;
+  bool swizzle_128b = false;
+};
+
+// The 128-byte swizzle of shared-memory addresses (CU_TENSOR_MAP_SWIZZLE_128B, wgmma's mode 1): the 16-byte chunk
+// index (address bits 4-6) is XORed with the 128-byte row index within a 1024-byte block (bits 7-9).
+inline uintptr_t swizzle_128b(uintptr_t address) { return address ^ (((address >> 7) & 7u) << 4); }
+
+// cp.async.bulk.tensor tile load, synchronous: box at coordinates c (c[0] innermost) into dst (128-byte aligned,
+// row-major box, swizzled if the map says so; elements outside the tensor are zeros), then completes the box's bytes
+// on bar.
+void tma_load(void* dst, const TensorMap& map, const int (&c)[3], void* bar);
+
 }  // namespace ember::testing::simt
 
 // ---- the CUDA names the kernels use ---------------------------------------------------------------------------------
@@ -160,6 +201,7 @@ inline void ldmatrix_x4(uint32_t (&r)[4], const void* row, bool trans) {
 #define __launch_bounds__(...)
 #define __shared__ static
 #define __align__(n) __attribute__((aligned(n)))
+#define __grid_constant__
 #define threadIdx (::ember::testing::simt::current().thread_idx)
 #define blockIdx (::ember::testing::simt::current().block_idx)
 #define blockDim (::ember::testing::simt::current().block_dim)
@@ -205,4 +247,96 @@ inline void cp_async_16(void* dst, const void* src, int src_bytes) {
 inline void cp_async_commit() {}
 template <int N>
 void cp_async_wait() {}
+}  // namespace ember::cuda
+
+// ---- the Hopper GEMM's primitives (ember/kernels/cuda/wgmma.cuh) ----
+namespace ember::cuda {
+using TmaDescriptor = ::ember::testing::simt::TensorMap;
+
+inline void mbar_init(uint64_t* bar, unsigned count) { ::ember::testing::simt::mbarrier_init(bar, count); }
+inline void fence_mbarrier_init() {}
+inline void mbar_arrive(uint64_t* bar) { ::ember::testing::simt::mbarrier_arrive(bar, 0); }
+inline void mbar_arrive_expect_tx(uint64_t* bar, unsigned bytes) {
+  ::ember::testing::simt::mbarrier_arrive(bar, bytes);
+}
+inline bool mbar_try_wait(uint64_t* bar, unsigned parity) {
+  if (::ember::testing::simt::mbarrier_test_parity(bar, parity)) return true;
+  ::ember::testing::simt::yield_now();
+  return false;
+}
+inline void tma_load_3d(void* dst, const TmaDescriptor* map, int c0, int c1, int c2, uint64_t* bar) {
+  const int c[3] = {c0, c1, c2};
+  ::ember::testing::simt::tma_load(dst, *map, c, bar);
+}
+template <int kRegs>
+void setmaxnreg_dec() {}
+template <int kRegs>
+void setmaxnreg_inc() {}
+// wgmma runs synchronously at issue: fence, commit and wait have nothing left to order (a read of the accumulators
+// before the wait goes unnoticed, as a missing cp.async wait does).
+inline void wgmma_fence() {}
+inline void wgmma_commit() {}
+template <int N>
+void wgmma_wait() {}
+
+// wgmma.mma_async.m64n256k16.f32 with A K-major and B N-major (imm-trans-b 1), both in the 128-byte swizzle mode:
+// A[m][k] is read at swizzle_128b(a.start + (m / 8) * a.sbo + (m % 8) * 128 + 2 k), B[k][n] at
+// swizzle_128b(b.start + (n / 64) * b.lbo + (k / 8) * b.sbo + (k % 8) * 128 + 2 (n % 64)) (PTX ISA canonical layouts,
+// Note [Hopper GEMM]). Every thread must pass the same operands (SimtError otherwise); sums in f32 in k order; the
+// accumulator layout is Note [Hopper GEMM]'s.
+template <class T, class Operand>
+void wgmma_m64n256k16(float (&d)[128], const Operand& a, const Operand& b, int scale_d) {
+  namespace simt = ::ember::testing::simt;
+  struct In {
+    float d[128];
+    const void* a;
+    const void* b;
+    uint32_t a_sbo, b_lbo, b_sbo;
+    int scale_d;
+  };
+  const In mine = [&] {
+    In v{};
+    std::memcpy(v.d, d, sizeof(v.d));
+    v.a = a.start;
+    v.b = b.start;
+    v.a_sbo = a.sbo;
+    v.b_lbo = b.lbo;
+    v.b_sbo = b.sbo;
+    v.scale_d = scale_d;
+    return v;
+  }();
+  simt::warpgroup_collective(&mine, sizeof(In), d, sizeof(d), [](const char* in, char* out) {
+    const In* all = reinterpret_cast<const In*>(in);
+    for (int t = 1; t < 128; ++t)
+      if (all[t].a != all[0].a || all[t].b != all[0].b || all[t].a_sbo != all[0].a_sbo ||
+          all[t].b_lbo != all[0].b_lbo || all[t].b_sbo != all[0].b_sbo || all[t].scale_d != all[0].scale_d)
+        throw simt::SimtError("wgmma: the threads of a warpgroup pass different operands");
+    const In& op = all[0];
+    if (reinterpret_cast<uintptr_t>(op.a) % 16 != 0 || reinterpret_cast<uintptr_t>(op.b) % 16 != 0)
+      throw simt::SimtError("wgmma: an operand's start address is not 16-byte aligned");
+    auto load = [](uintptr_t address) {
+      uint16_t bits;
+      std::memcpy(&bits, reinterpret_cast<const void*>(simt::swizzle_128b(address)), 2);
+      return static_cast<float>(T::from_bits(bits));
+    };
+    float A[64][16], B[16][256];
+    const uintptr_t a0 = reinterpret_cast<uintptr_t>(op.a), b0 = reinterpret_cast<uintptr_t>(op.b);
+    for (int m = 0; m < 64; ++m)
+      for (int k = 0; k < 16; ++k) A[m][k] = load(a0 + (m / 8) * op.a_sbo + (m % 8) * 128 + 2 * k);
+    for (int k = 0; k < 16; ++k)
+      for (int n = 0; n < 256; ++n)
+        B[k][n] = load(b0 + (n / 64) * op.b_lbo + (k / 8) * op.b_sbo + (k % 8) * 128 + 2 * (n % 64));
+    float* result = reinterpret_cast<float*>(out);
+    for (int t = 0; t < 128; ++t) {
+      const int w = t / 32, l = t % 32;
+      for (int i = 0; i < 128; ++i) {
+        const int j = i / 4, r = i % 4;
+        const int row = 16 * w + l / 4 + 8 * (r / 2), col = 8 * j + 2 * (l % 4) + (r % 2);
+        float sum = 0.0f;
+        for (int k = 0; k < 16; ++k) sum += A[row][k] * B[k][col];
+        result[t * 128 + i] = (op.scale_d != 0 ? all[t].d[i] : 0.0f) + sum;
+      }
+    }
+  });
+}
 }  // namespace ember::cuda

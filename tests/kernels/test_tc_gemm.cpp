@@ -1,6 +1,7 @@
-// Tests of the hand-written tensor-core GEMM (ember::cuda::tensor_core_gemm, kernels/cuda/tc_gemm.cu) against a
-// float64 CPU product of the same f16/bf16-rounded operands: partial tiles, batches, the 16-byte cp.async load path
-// and the element-wise one (unaligned shapes or pointers), plus the argument checks. The cuda instance skips without a
+// Tests of the hand-written tensor-core GEMMs (ember::cuda::tensor_core_gemm: the mma.sync kernel of tc_gemm.cu and
+// the Hopper wgmma + TMA kernel of tc_gemm_sm90.cu) against a float64 CPU product of the same f16/bf16-rounded
+// operands: partial tiles, batches, the 16-byte cp.async load path and the element-wise one (unaligned shapes or
+// pointers), the wgmma kernel's pipeline and tails, plus the argument checks. The cuda instance skips without a
 // GPU; a build without CUDA compiles the suite to one skipped test.
 #include <algorithm>
 #include <cmath>
@@ -63,8 +64,10 @@ constexpr double kMaxNormalisedError = 1e-2;
 // Runs tensor_core_gemm on `s` for `dtype` and compares with the float64 product of the rounded operands. With
 // `offset` each operand starts one element into its buffer (2 bytes: not 16-byte aligned), which forces the
 // element-wise load path and unpaired stores.
-void check_gemm(DType dtype, const GemmShape& s, Device device, bool offset) {
-  SCOPED_TRACE(detail::concat(dtype_name(dtype), " ", s.str(), offset ? " (operands at an odd element)" : ""));
+void check_gemm(DType dtype, const GemmShape& s, Device device, bool offset,
+                cuda::TcGemmKernel kernel = cuda::TcGemmKernel::MmaSync) {
+  SCOPED_TRACE(detail::concat(dtype_name(dtype), " ", s.str(), offset ? " (operands at an odd element)" : "",
+                              kernel == cuda::TcGemmKernel::Wgmma ? " (wgmma)" : ""));
   const int64_t o = offset ? 1 : 0;
   const int64_t na = s.batch * s.M * s.K, nb = s.batch * s.K * s.N, no = s.batch * s.M * s.N;
   // Operands are rounded to the dtype first; the reference multiplies exactly those values.
@@ -75,7 +78,7 @@ void check_gemm(DType dtype, const GemmShape& s, Device device, bool offset) {
   const std::vector<double> expected = reference_bmm(a_view.to_vector<double>(), b_view.to_vector<double>(), s);
 
   cuda::tensor_core_gemm(dtype, s.batch, s.M, s.N, s.K, a_view.raw_data(), b_view.raw_data(), out_view.raw_data(),
-                         cuda::current_stream(device.index).get());
+                         cuda::current_stream(device.index).get(), kernel);
   const double err = normalised_error(out_view.to_vector<double>(), expected);
   EXPECT_LE(err, kMaxNormalisedError);
 }
@@ -100,6 +103,37 @@ TEST_P(TensorCoreGemmTest, MatchesFloat64Reference) {
     check_gemm(dtype, {1, 128, 128, 32}, device(), /*offset=*/true);
     check_gemm(dtype, {2, 96, 72, 200}, device(), /*offset=*/true);
   }
+}
+
+// The Hopper kernel on shapes it takes (K, N multiples of 8, aligned operands): one tile, partial tiles in M, N and K,
+// batches, more k tiles than pipeline stages, several raster groups. Auto takes it too, and falls back to mma.sync
+// where it does not apply.
+TEST_P(TensorCoreGemmTest, WgmmaMatchesFloat64Reference) {
+  EMBER_SKIP_WITHOUT_CUDA();
+  if (!cuda::wgmma_gemm_supported(device().index))
+    GTEST_SKIP() << "the wgmma kernel needs sm_90 and a build with sm_90a code";
+  const std::vector<GemmShape> shapes = {
+      {1, 128, 256, 64},      // exactly one tile and one k tile
+      {1, 1, 8, 8},           // one row, one 8-column group: TMA zero-fills the rest of the tile
+      {3, 129, 200, 72},      // batched, one row past a tile, partial N and K tiles
+      {1, 256, 512, 1024},    // 16 k tiles over 4 stages
+      {1, 1000, 1000, 1000},  // partial edge tiles, one raster group of 8 M tiles
+      {1, 1100, 264, 64},     // 9 M tiles: a second, partial raster group
+      {1, 64, 8, 2000},       // long K, one narrow N tile
+  };
+  for (DType dtype : {DType::f16, DType::bf16}) {
+    for (const GemmShape& s : shapes) check_gemm(dtype, s, device(), /*offset=*/false, cuda::TcGemmKernel::Wgmma);
+    check_gemm(dtype, {2, 96, 72, 200}, device(), /*offset=*/false, cuda::TcGemmKernel::Auto);
+    check_gemm(dtype, {2, 96, 72, 200}, device(), /*offset=*/true, cuda::TcGemmKernel::Auto);  // falls back
+  }
+  EXPECT_THROW(cuda::tensor_core_gemm(DType::f16, 1, 8, 12, 8, nullptr, nullptr, nullptr,
+                                      cuda::current_stream(device().index).get(), cuda::TcGemmKernel::Wgmma),
+               ValueError);  // null operands are checked first
+  const Tensor a = rand_input({64 * 12}).to(DType::f16).to(device());
+  const Tensor out = empty({64 * 12}, {DType::f16, device()});
+  EXPECT_THROW(cuda::tensor_core_gemm(DType::f16, 1, 64, 12, 12, a.raw_data(), a.raw_data(), out.raw_data(),
+                                      cuda::current_stream(device().index).get(), cuda::TcGemmKernel::Wgmma),
+               ShapeError);  // K and N not multiples of 8
 }
 
 TEST_P(TensorCoreGemmTest, EmptyKGivesZeros) {

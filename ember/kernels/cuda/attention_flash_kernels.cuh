@@ -14,11 +14,6 @@
 #include <limits>
 #include <type_traits>
 
-#if defined(__CUDACC__)
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
-#endif
-
 #include "ember/base/host_device.h"
 #include "ember/core/half.h"
 #include "ember/kernels/cuda/attention.h"
@@ -113,22 +108,6 @@ __device__ __forceinline__ void store_word(void* p, const W& w) {
 
 // ---- fragments --------------------------------------------------------------------------------------------------
 
-// Two floats rounded to nearest even as 16-bit T, `lo` in the low half. On the device by one conversion instruction
-// for the pair (the same rounding as core/half.h for every non-NaN value; a NaN may keep another payload).
-template <class T>
-__device__ __forceinline__ uint32_t pack2(float lo, float hi) {
-#if defined(__CUDA_ARCH__)
-  if constexpr (std::is_same_v<T, Half>) {
-    const __half2 h = __floats2half2_rn(lo, hi);
-    return *reinterpret_cast<const uint32_t*>(&h);
-  } else {
-    const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
-    return *reinterpret_cast<const uint32_t*>(&h);
-  }
-#else
-  return static_cast<uint32_t>(T(lo).bits) | (static_cast<uint32_t>(T(hi).bits) << 16);
-#endif
-}
 template <class T>
 __device__ __forceinline__ float low_half(uint32_t w) {
   return static_cast<float>(T::from_bits(static_cast<uint16_t>(w & 0xffffu)));

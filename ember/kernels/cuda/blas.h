@@ -42,10 +42,19 @@ void gemm(DType dtype, int64_t batch, int64_t M, int64_t N, int64_t K, const Mat
 // How many gemm() calls with a bias took the fallback (bias rows + accumulate) since the process started.
 int64_t gemm_bias_fallbacks();
 
-// The hand-written tensor-core GEMM (mma.sync, f16/bf16 in, f32 accumulate): out[b] = a[b] @ bm[b] for contiguous
-// row-major a [batch, M, K], b [batch, K, N] and out [batch, M, N] (batch strides M*K, K*N, M*N; any M, N, K >= 1).
-// dtype is f16 or bf16. Exposed for the benchmarks, which compare it with cuBLASLt on the same operands.
+// The hand-written tensor-core GEMMs (f16/bf16 in, f32 accumulate): out[b] = a[b] @ bm[b] for contiguous row-major
+// a [batch, M, K], b [batch, K, N] and out [batch, M, N] (batch strides M*K, K*N, M*N; any M, N, K >= 1). dtype is
+// f16 or bf16. `kernel` picks the implementation:
+//   MmaSync: mma.sync m16n8k16 with a cp.async pipeline (sm_80 and later; Note [Tensor-core GEMM]);
+//   Wgmma:   wgmma + TMA with warp-specialised warpgroups (Hopper, a build with sm_90a code, K and N multiples of 8,
+//            a and b 16-byte aligned; Note [Hopper GEMM]); DeviceError or ShapeError where it does not apply;
+//   Auto:    Wgmma where it applies, else MmaSync.
+// Exposed for the benchmarks, which compare them with cuBLASLt on the same operands.
+enum class TcGemmKernel : int8_t { Auto, MmaSync, Wgmma };
 void tensor_core_gemm(DType dtype, int64_t batch, int64_t M, int64_t N, int64_t K, const void* a, const void* b,
-                      void* out, cudaStream_t stream);
+                      void* out, cudaStream_t stream, TcGemmKernel kernel = TcGemmKernel::Auto);
+// Whether the Hopper kernel can run on `device`: compute capability 9.x, enough shared memory, and sm_90a code in
+// this build (CMAKE_CUDA_ARCHITECTURES 90a; a plain 90 build lacks wgmma). Checked once per device by a probe kernel.
+bool wgmma_gemm_supported(int device);
 
 }  // namespace ember::cuda

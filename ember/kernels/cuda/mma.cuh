@@ -1,6 +1,6 @@
 // PTX wrappers of the tensor-core kernels (the hand-written GEMM in tc_gemm.cu, the flash attention in
-// attention_flash_kernels.cuh): shared-memory addresses, cp.async, ldmatrix and mma.sync.m16n8k16 with f32
-// accumulators.
+// attention_flash_kernels.cuh, the Hopper GEMM's epilogue): shared-memory addresses, cp.async, ldmatrix and
+// mma.sync.m16n8k16 with f32 accumulators, and pack2 (two floats rounded into one 32-bit word of f16 or bf16).
 // Invariant: sm_80 or later at run time (callers check); the fragment layouts are those of Note [Tensor-core GEMM] in
 // tc_gemm.cu (PTX ISA, "Matrix Fragments for mma.m16n8k16 with floating point type").
 #pragma once
@@ -8,7 +8,14 @@
 #include <cstdint>
 #include <type_traits>
 
+#if defined(__CUDACC__)
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#endif
+
+#include "ember/base/host_device.h"
 #include "ember/core/dtype.h"
+#include "ember/core/half.h"
 #include "ember/kernels/cuda/kernel_macros.h"
 
 namespace ember::cuda {
@@ -71,5 +78,22 @@ __device__ __forceinline__ void mma_16816(float (&d)[4], const uint32_t (&a)[4],
   }
 }
 #endif  // __CUDACC__
+
+// Two floats rounded to nearest even as 16-bit T, `lo` in the low half. On the device by one conversion instruction
+// for the pair (the same rounding as core/half.h for every non-NaN value; a NaN may keep another payload).
+template <class T>
+EMBER_HD_INLINE uint32_t pack2(float lo, float hi) {
+#if defined(__CUDA_ARCH__)
+  if constexpr (std::is_same_v<T, Half>) {
+    const __half2 h = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<const uint32_t*>(&h);
+  } else {
+    const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<const uint32_t*>(&h);
+  }
+#else
+  return static_cast<uint32_t>(T(lo).bits) | (static_cast<uint32_t>(T(hi).bits) << 16);
+#endif
+}
 
 }  // namespace ember::cuda

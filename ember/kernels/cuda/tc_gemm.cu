@@ -1,5 +1,7 @@
-// The hand-written tensor-core GEMM (tensor_core_gemm in blas.h): mma.sync.m16n8k16 with f32 accumulators, ldmatrix
-// fragment loads and a 4-stage cp.async shared-memory pipeline, for f16/bf16 batched row-major products.
+// The hand-written tensor-core GEMM (tensor_core_gemm in blas.h): the entry point, which sends what the Hopper kernel
+// takes to it (tc_gemm_sm90.cu) and the rest to the mma.sync kernel launched here (mma.sync.m16n8k16 with f32
+// accumulators, ldmatrix fragment loads and a 4-stage cp.async shared-memory pipeline), for f16/bf16 batched
+// row-major products.
 // Invariant: every global access is bounds-checked (zero-filled loads, guarded stores), so any M, N, K >= 1 is exact
 // up to f32 accumulation and one rounding per output element; the layouts follow Note [Tensor-core GEMM].
 #include <cuda_runtime.h>
@@ -14,6 +16,7 @@
 #include "ember/kernels/cuda/blas.h"
 #include "ember/kernels/cuda/device_info.h"
 #include "ember/kernels/cuda/tc_gemm_kernel.cuh"
+#include "ember/kernels/cuda/tc_gemm_sm90.h"
 
 namespace ember::cuda {
 namespace {
@@ -89,7 +92,7 @@ void launch_tc_gemm(int64_t batch, int64_t M, int64_t N, int64_t K, const void* 
 // ---- entry point ------------------------------------------------------------------------------------------------
 
 void tensor_core_gemm(DType dtype, int64_t batch, int64_t M, int64_t N, int64_t K, const void* a, const void* b,
-                      void* out, cudaStream_t stream) {
+                      void* out, cudaStream_t stream, TcGemmKernel kernel) {
   EMBER_CHECK(is_reduced_float(dtype), DTypeError, "tensor_core_gemm: dtype ", dtype_name(dtype),
               " is not supported (f16 or bf16)");
   EMBER_CHECK(batch >= 0 && M >= 0 && N >= 0 && K >= 0, ShapeError, "tensor_core_gemm: negative size (batch ", batch,
@@ -102,6 +105,20 @@ void tensor_core_gemm(DType dtype, int64_t batch, int64_t M, int64_t N, int64_t 
   }
   EMBER_CHECK(a != nullptr && b != nullptr, ValueError, "tensor_core_gemm: null operand for [", batch, ", ", M, ", ", K,
               "] @ [", batch, ", ", K, ", ", N, "]");
+  if (kernel != TcGemmKernel::MmaSync) {
+    int device = 0;
+    EMBER_CUDA_CHECK(cudaGetDevice(&device));
+    if (wgmma_gemm_applies(M, N, K, a, b, device)) {
+      wgmma_gemm(dtype, batch, M, N, K, a, b, out, stream);
+      return;
+    }
+    if (kernel == TcGemmKernel::Wgmma) {
+      EMBER_CHECK(wgmma_gemm_supported(device), DeviceError, "tensor_core_gemm: the wgmma kernel needs sm_90 and a build ",
+                  "with sm_90a code; ", device_properties(device).summary(), " does not run it");
+      EMBER_CHECK(false, ShapeError, "tensor_core_gemm: the wgmma kernel does not take [", batch, ", ", M, ", ", K,
+                  "] @ [", batch, ", ", K, ", ", N, "] (K and N must be multiples of 8, a and b 16-byte aligned)");
+    }
+  }
   if (dtype == DType::f16) {
     launch_tc_gemm<Half>(batch, M, N, K, a, b, out, stream);
   } else {

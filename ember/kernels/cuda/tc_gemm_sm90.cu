@@ -1,0 +1,148 @@
+// The Hopper GEMM's launcher (tc_gemm_sm90.h): a probe of whether the build holds sm_90a code, the TMA tensor maps of
+// the operands (cuTensorMapEncodeTiled, fetched from the driver at run time so that nothing links libcuda), and the
+// launch over (tiles, batch chunks).
+// Invariant: a device is checked once (capability, shared memory, the sm_90a probe), and the kernel only ever runs
+// after wgmma_gemm_applies accepted its operands.
+#include <cuda.h>
+#include <cudaTypedefs.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <mutex>
+#include <vector>
+
+#include "ember/base/cuda_check.h"
+#include "ember/core/dtype.h"
+#include "ember/kernels/cuda/blas.h"
+#include "ember/kernels/cuda/device_info.h"
+#include "ember/kernels/cuda/tc_gemm_sm90.h"
+#include "ember/kernels/cuda/tc_gemm_sm90_kernel.cuh"
+
+namespace ember::cuda {
+namespace {
+
+using sm90::kBlockK;
+using sm90::kBlockM;
+using sm90::kBlockN;
+using sm90::kBoxN;
+using sm90::kSmemBytes;
+using sm90::kThreads;
+using sm90::wgmma_gemm_kernel;
+using sm90::WgmmaGemmParams;
+
+constexpr int64_t kMaxGridY = 65535;
+
+// Writes 1 when this image of the module was compiled for sm_90a (wgmma), else 0.
+__global__ void wgmma_probe_kernel(int* flag) {
+#if defined(EMBER_HAS_WGMMA)
+  *flag = 1;
+#else
+  *flag = 0;
+#endif
+}
+
+// Runs the probe once on `device` (a one-time synchronisation), raises the kernels' shared-memory limit when the
+// device qualifies, and caches the answer.
+bool probe_device(int device) {
+  static std::mutex mu;
+  static std::vector<int8_t> state;  // -1 unknown, 0 no, 1 yes
+  std::lock_guard<std::mutex> lock(mu);
+  if (device < static_cast<int>(state.size()) && state[static_cast<size_t>(device)] >= 0)
+    return state[static_cast<size_t>(device)] == 1;
+  bool ok = false;
+  const DeviceProperties& props = device_properties(device);
+  if (props.major == 9 && props.shared_memory_per_block_optin >= static_cast<int64_t>(kSmemBytes)) {
+    int previous = 0;
+    EMBER_CUDA_CHECK(cudaGetDevice(&previous));
+    EMBER_CUDA_CHECK(cudaSetDevice(device));
+    int* flag = nullptr;
+    EMBER_CUDA_CHECK(cudaMallocHost(&flag, sizeof(int)));
+    *flag = 0;
+    wgmma_probe_kernel<<<1, 1>>>(flag);
+    // A build without code for this device fails the launch (no kernel image): that is a "no", not an error.
+    const cudaError_t launch = cudaGetLastError();
+    ok = launch == cudaSuccess && cudaDeviceSynchronize() == cudaSuccess && *flag == 1;
+    (void)cudaGetLastError();
+    EMBER_CUDA_CHECK(cudaFreeHost(flag));
+    if (ok) {
+      for (auto* kernel : {wgmma_gemm_kernel<Half>, wgmma_gemm_kernel<BFloat16>})
+        EMBER_CUDA_CHECK(
+            cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kSmemBytes)));
+    }
+    EMBER_CUDA_CHECK(cudaSetDevice(previous));
+  }
+  if (device >= static_cast<int>(state.size())) state.resize(static_cast<size_t>(device) + 1, -1);
+  state[static_cast<size_t>(device)] = ok ? 1 : 0;
+  return ok;
+}
+
+PFN_cuTensorMapEncodeTiled_v12000 encode_tiled() {
+  static PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
+    void* p = nullptr;
+    cudaDriverEntryPointQueryResult status{};
+    EMBER_CUDA_CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault, &status));
+    EMBER_CHECK(status == cudaDriverEntryPointSuccess && p != nullptr, BackendError,
+                "wgmma_gemm: the CUDA driver has no cuTensorMapEncodeTiled (status ", static_cast<int>(status), ")");
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(p);
+  }();
+  return fn;
+}
+
+// A rank-3 map of a contiguous [batch, rows, cols] tensor of 16-bit elements, boxes of box_cols x box_rows x 1 with
+// the 128-byte swizzle (box_cols * 2 == 128), out-of-range elements read as zeros.
+CUtensorMap tensor_map(DType dtype, const void* base, int64_t batch, int64_t rows, int64_t cols, uint32_t box_cols,
+                       uint32_t box_rows) {
+  CUtensorMap map{};
+  const cuuint64_t dims[3] = {static_cast<cuuint64_t>(cols), static_cast<cuuint64_t>(rows),
+                              static_cast<cuuint64_t>(batch)};
+  const cuuint64_t strides[2] = {static_cast<cuuint64_t>(cols * 2), static_cast<cuuint64_t>(rows * cols * 2)};
+  const cuuint32_t box[3] = {box_cols, box_rows, 1};
+  const cuuint32_t element_strides[3] = {1, 1, 1};
+  const CUresult r =
+      encode_tiled()(&map, dtype == DType::f16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3,
+                     const_cast<void*>(base), dims, strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                     CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  EMBER_CHECK(r == CUDA_SUCCESS, BackendError, "wgmma_gemm: cuTensorMapEncodeTiled failed (CUresult ",
+              static_cast<int>(r), ") for [", batch, ", ", rows, ", ", cols, "]");
+  return map;
+}
+
+bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+}  // namespace
+
+bool wgmma_gemm_supported(int device) { return probe_device(device); }
+
+bool wgmma_gemm_applies(int64_t M, int64_t N, int64_t K, const void* a, const void* b, int device) {
+  return K % 8 == 0 && N % 8 == 0 && aligned16(a) && aligned16(b) && M < INT32_MAX && N < INT32_MAX && K < INT32_MAX &&
+         probe_device(device);
+}
+
+void wgmma_gemm(DType dtype, int64_t batch, int64_t M, int64_t N, int64_t K, const void* a, const void* b, void* out,
+                cudaStream_t stream) {
+  const CUtensorMap map_a = tensor_map(dtype, a, batch, M, K, kBlockK, kBlockM);
+  const CUtensorMap map_b = tensor_map(dtype, b, batch, K, N, kBoxN, kBlockK);
+  WgmmaGemmParams p{};
+  p.out = static_cast<uint16_t*>(out);
+  p.M = M;
+  p.N = N;
+  p.K = K;
+  p.m_tiles = (M + kBlockM - 1) / kBlockM;
+  p.n_tiles = (N + kBlockN - 1) / kBlockN;
+  p.out_vec2 = reinterpret_cast<uintptr_t>(out) % 4 == 0;  // N is even (a multiple of 8)
+  const int64_t tiles = p.m_tiles * p.n_tiles;
+  EMBER_CHECK(tiles <= INT32_MAX, ShapeError, "wgmma_gemm: [", M, ", ", N, "] needs more than 2^31 - 1 blocks");
+  for (int64_t b0 = 0; b0 < batch; b0 += kMaxGridY) {
+    p.batch_begin = b0;
+    const dim3 grid(static_cast<unsigned>(tiles),
+                    static_cast<unsigned>(batch - b0 < kMaxGridY ? batch - b0 : kMaxGridY));
+    if (dtype == DType::f16) {
+      wgmma_gemm_kernel<Half><<<grid, kThreads, kSmemBytes, stream>>>(map_a, map_b, p);
+    } else {
+      wgmma_gemm_kernel<BFloat16><<<grid, kThreads, kSmemBytes, stream>>>(map_a, map_b, p);
+    }
+    EMBER_CUDA_LAUNCH_CHECK();
+  }
+}
+
+}  // namespace ember::cuda

@@ -1,0 +1,171 @@
+// The Hopper GEMM's kernel (tc_gemm_sm90.cu launches it; Note [Hopper GEMM]): TMA tile loads, warpgroup MMA and a
+// warp-specialised pipeline for f16/bf16 batched row-major products with f32 accumulation, in a header so that a host
+// compiler can build it too: tests/kernels/test_tc_gemm_sm90_emulated.cpp runs it on the CPU under
+// tests/harness/simt_emulator.h, which models mbarriers, TMA boxes with the 128-byte swizzle and wgmma descriptors.
+// Invariant: out-of-range elements of A and B arrive as zeros (TMA) and every store is guarded by row < M and
+// column < N, so any M, N >= 1 and K >= 1 with K and N multiples of 8 (the launcher's conditions) are exact up to f32
+// accumulation and one rounding per output element.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <type_traits>
+
+#include "ember/base/host_device.h"
+#include "ember/core/half.h"
+#include "ember/kernels/cuda/kernel_macros.h"
+#include "ember/kernels/cuda/mma.cuh"
+#include "ember/kernels/cuda/wgmma.cuh"
+
+namespace ember::cuda::sm90 {
+
+// Note [Hopper GEMM]
+// Work split. One block of 384 threads (three warpgroups) computes a 128 x 256 tile of out[b] = a[b] @ bm[b]:
+// warpgroup 0 is the producer (one thread issues every TMA load; setmaxnreg gives the group's registers away),
+// warpgroups 1 and 2 are consumers, each owning 64 rows of the tile and all 256 columns as 128 f32 accumulators per
+// thread (one wgmma m64n256k16 per 16 of K). Tiles are rastered in groups of kGroupM M tiles (a wave of blocks then
+// shares a few A row-blocks and B column-blocks in L2); grid.y is the batch.
+//
+// Shared memory: kStages stages of 48 KiB, each the A box (128 rows x 64 K, 16 KiB) and four B boxes (64 K rows x
+// 64 N columns, 8 KiB each), then 2 * kStages mbarriers. The base is rounded up to 1024 bytes. Every box is loaded
+// by TMA with CU_TENSOR_MAP_SWIZZLE_128B: row r of a box (128 bytes) lands at r * 128 with its 16-byte chunk j at
+// chunk j ^ (r % 8) — the same address-based pattern (bits 4-6 ^= bits 7-9) that wgmma's 128-byte swizzle mode reads,
+// which is why every atom of 8 rows must start 1024-byte aligned. The pattern spreads the 8 rows of a core matrix
+// over all banks.
+//
+// Descriptors (PTX ISA, "Shared Memory Matrix Layout", canonical layouts in units of elements, T = 8 for 16 bits):
+//   A, K-major, 128B swizzle: ((8, m), (T, 2k)) : ((8T, SBO), (1, T)). Rows are 128 bytes apart, 8-row groups SBO =
+//     1024 bytes apart; LBO is unused (1). Consumer c's 64 rows start at c * 8 KiB; k16 step kk adds 32 bytes to the
+//     start address (the swizzle applies to the final address, so offsets inside a 128-byte row are allowed).
+//   B, N-major (imm-trans-b = 1), 128B swizzle: ((T, 8, m), (8, k)) : ((1, T, LBO), (8T, SBO)). 64 contiguous N
+//     elements per 128-byte row, K rows 128 bytes apart, 8-row groups SBO = 1024 bytes apart, and the next 64 columns
+//     (the next TMA box) LBO = 8 KiB away; k16 step kk adds 16 rows = 2 KiB to the start address.
+//
+// Pipeline. full[s] (count 1) completes when the producer has armed it with the stage's byte count
+// (arrive.expect_tx) and the TMA copies have delivered those bytes; empty[s] (count 2) completes when both consumers
+// have finished reading the stage. Phase parities: round r = kt / kStages waits full parity r & 1 and, for r > 0,
+// empty parity (r - 1) & 1. A consumer issues its 4 wgmma of stage kt, commits them as one group, waits until at
+// most one group is pending (so stage kt - 1's products are done) and releases stage kt - 1: the tensor cores always
+// have the next group queued.
+//
+// Accumulator fragment of wgmma m64nNk16 (PTX ISA, "Matrix Fragments for wgmma.mma_async.m64nNk16"): thread t of
+// the warpgroup (warp w = t / 32, lane l) holds, for each 8-column block j, d[4j + 0..1] at row 16w + l / 4 and
+// columns 8j + 2 (l % 4) + 0..1, and d[4j + 2..3] at row 16w + l / 4 + 8, same columns — mma.sync's C layout per
+// warp, repeated over N.
+//
+// Registers: __launch_bounds__(384, 1) caps ptxas at 168 per thread; setmaxnreg moves the producer to 40 and the
+// consumers to 232 (40 * 128 + 232 * 256 = 64512 <= 65536).
+constexpr int kBlockM = 128, kBlockN = 256, kBlockK = 64, kStages = 4, kGroupM = 8;
+constexpr int kThreads = 384;
+constexpr int kBoxN = 64;                                                   // N columns per B box (128 bytes)
+constexpr uint32_t kABytes = kBlockM * kBlockK * 2;                         // 16 KiB
+constexpr uint32_t kBBoxBytes = kBlockK * kBoxN * 2;                        // 8 KiB
+constexpr uint32_t kStageBytes = kABytes + kBBoxBytes * (kBlockN / kBoxN);  // 48 KiB
+constexpr size_t kSmemBytes = size_t{kStages} * kStageBytes + 2 * kStages * sizeof(uint64_t) + 1024;
+
+struct WgmmaGemmParams {
+  uint16_t* out;  // [batch, M, N] row-major, 16-bit elements
+  int64_t M, N, K;
+  int64_t m_tiles, n_tiles;
+  int64_t batch_begin;  // blockIdx.y + batch_begin is the batch index
+  bool out_vec2;        // 32-bit paired stores allowed (N even, out 4 B aligned)
+};
+
+// Stage s of the pipeline in the 1024-byte aligned shared memory `smem`.
+EMBER_HD_INLINE unsigned char* stage_a(unsigned char* smem, int s) {
+  return smem + static_cast<size_t>(s) * kStageBytes;
+}
+EMBER_HD_INLINE unsigned char* stage_b(unsigned char* smem, int s) { return stage_a(smem, s) + kABytes; }
+
+template <class T>
+__global__ void __launch_bounds__(kThreads, 1)
+    wgmma_gemm_kernel(const __grid_constant__ TmaDescriptor map_a, const __grid_constant__ TmaDescriptor map_b,
+                      const WgmmaGemmParams p) {
+  EMBER_DYNAMIC_SHARED(unsigned char, smem_raw);
+  unsigned char* smem =
+      reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023});
+  uint64_t* full = reinterpret_cast<uint64_t*>(smem + static_cast<size_t>(kStages) * kStageBytes);
+  uint64_t* empty = full + kStages;
+
+  const int64_t tile = blockIdx.x, per_group = int64_t{kGroupM} * p.n_tiles;
+  const int64_t first_m = tile / per_group * kGroupM;
+  const int64_t group_m = p.m_tiles - first_m < kGroupM ? p.m_tiles - first_m : kGroupM;
+  const int64_t m0 = (first_m + tile % per_group % group_m) * kBlockM;
+  const int64_t n0 = tile % per_group / group_m * kBlockN;
+  const int64_t batch = p.batch_begin + blockIdx.y;
+  const int k_tiles = static_cast<int>((p.K + kBlockK - 1) / kBlockK);
+  const int wg = static_cast<int>(threadIdx.x) / 128, t = static_cast<int>(threadIdx.x) % 128;
+
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < kStages; ++s) {
+      mbar_init(&full[s], 1);
+      mbar_init(&empty[s], 2);
+    }
+    fence_mbarrier_init();
+  }
+  __syncthreads();
+
+  if (wg == 0) {  // producer
+    setmaxnreg_dec<40>();
+    if (t != 0) return;
+    for (int kt = 0; kt < k_tiles; ++kt) {
+      const int s = kt % kStages;
+      if (kt >= kStages) {
+        while (!mbar_try_wait(&empty[s], static_cast<unsigned>(kt / kStages - 1) & 1u)) {
+        }
+      }
+      mbar_arrive_expect_tx(&full[s], kStageBytes);
+      tma_load_3d(stage_a(smem, s), &map_a, kt * kBlockK, static_cast<int>(m0), static_cast<int>(batch), &full[s]);
+      for (int j = 0; j < kBlockN / kBoxN; ++j)
+        tma_load_3d(stage_b(smem, s) + j * kBBoxBytes, &map_b, static_cast<int>(n0) + j * kBoxN, kt * kBlockK,
+                    static_cast<int>(batch), &full[s]);
+    }
+    return;
+  }
+
+  // consumers
+  setmaxnreg_inc<232>();
+  const int c = wg - 1;
+  float d[128];
+  EMBER_UNROLL
+  for (int i = 0; i < 128; ++i) d[i] = 0.0f;
+  for (int kt = 0; kt < k_tiles; ++kt) {
+    const int s = kt % kStages;
+    while (!mbar_try_wait(&full[s], static_cast<unsigned>(kt / kStages) & 1u)) {
+    }
+    const unsigned char* a = stage_a(smem, s) + c * (64 * 128);
+    const unsigned char* b = stage_b(smem, s);
+    wgmma_fence();
+    EMBER_UNROLL
+    for (int kk = 0; kk < kBlockK / 16; ++kk)
+      wgmma_m64n256k16<T>(d, SmemOperand{a + kk * 32, 16, 1024}, SmemOperand{b + kk * 2048, kBBoxBytes, 1024}, 1);
+    wgmma_commit();
+    wgmma_wait<1>();
+    if (kt > 0 && t == 0) mbar_arrive(&empty[(kt - 1) % kStages]);
+  }
+  wgmma_wait<0>();
+
+  // Epilogue: registers -> global, rounded once, guarded by row < M and column < N.
+  const int warp = t / 32, lane = t % 32;
+  uint16_t* out = p.out + batch * p.M * p.N;
+  EMBER_UNROLL
+  for (int h = 0; h < 2; ++h) {
+    const int64_t row = m0 + 64 * c + 16 * warp + lane / 4 + 8 * h;
+    if (row >= p.M) continue;
+    EMBER_UNROLL
+    for (int j = 0; j < kBlockN / 8; ++j) {
+      const int64_t col = n0 + 8 * j + 2 * (lane % 4);
+      if (col >= p.N) continue;
+      uint16_t* dst = out + row * p.N + col;
+      const uint32_t pair = pack2<T>(d[4 * j + 2 * h], d[4 * j + 2 * h + 1]);
+      if (p.out_vec2) {
+        *reinterpret_cast<uint32_t*>(dst) = pair;
+      } else {
+        dst[0] = static_cast<uint16_t>(pair & 0xffffu);
+        if (col + 1 < p.N) dst[1] = static_cast<uint16_t>(pair >> 16);
+      }
+    }
+  }
+}
+
+}  // namespace ember::cuda::sm90

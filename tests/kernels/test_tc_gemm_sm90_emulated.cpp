@@ -1,0 +1,83 @@
+// The Hopper GEMM's kernel (ember/kernels/cuda/tc_gemm_sm90_kernel.cuh) run on the CPU under the SIMT emulator
+// (tests/harness/simt_emulator.h) against float64 products. The emulator models the mbarrier phases, TMA boxes with
+// the 128-byte swizzle and wgmma's descriptors from the PTX ISA's layouts (Note [Hopper GEMM]); unlike the mma.sync
+// model, that model has no hardware-verified kernel behind it yet, so these tests check the kernel's own logic
+// (tiling, pipeline parities, tails, fragment layout) against the documented layouts, and TensorCoreGemmTest's Wgmma
+// cases check both on a GPU. Outputs are poisoned (NaN) first.
+#include <vector>
+
+#include "tests/harness/simt_emulator.h"
+// The emulator's definitions of the CUDA names come first.
+#include "ember/kernels/cuda/tc_gemm_sm90_kernel.cuh"
+#include "tests/harness/op_harness.h"
+#include "tests/kernels/gemm_emulated_reference.h"
+
+namespace ember::testing {
+namespace {
+
+namespace sm90 = ::ember::cuda::sm90;
+
+// The launcher's tensor maps (tc_gemm_sm90.cu): [batch, rows, cols] of 16-bit elements, 128-byte swizzled boxes.
+simt::TensorMap map_of(const void* base, int64_t batch, int64_t rows, int64_t cols, uint32_t box_cols,
+                       uint32_t box_rows) {
+  simt::TensorMap m;
+  m.base = base;
+  m.dims[0] = static_cast<uint64_t>(cols);
+  m.dims[1] = static_cast<uint64_t>(rows);
+  m.dims[2] = static_cast<uint64_t>(batch);
+  m.strides[1] = static_cast<uint64_t>(cols * 2);
+  m.strides[2] = static_cast<uint64_t>(rows * cols * 2);
+  m.box[0] = box_cols;
+  m.box[1] = box_rows;
+  m.box[2] = 1;
+  m.elem_bytes = 2;
+  m.swizzle_128b = true;
+  return m;
+}
+
+template <class T>
+void check_emulated_wgmma_gemm(const GemmShape& s, uint32_t seed) {
+  SCOPED_TRACE(::testing::Message() << (std::is_same_v<T, Half> ? "f16" : "bf16") << " batch " << s.batch << " M "
+                                    << s.M << " N " << s.N << " K " << s.K);
+  ASSERT_TRUE(s.K % 8 == 0 && s.N % 8 == 0) << "the launcher's conditions";
+  const auto [a_bits, a] = random_16bit<T>(static_cast<size_t>(s.batch * s.M * s.K), seed);
+  const auto [b_bits, b] = random_16bit<T>(static_cast<size_t>(s.batch * s.K * s.N), seed);
+  const std::vector<double> expected = gemm_reference(s, a, b);
+  std::vector<uint16_t> out(expected.size(), 0xffffu);  // NaN in f16 and bf16
+
+  const simt::TensorMap map_a = map_of(a_bits.data(), s.batch, s.M, s.K, sm90::kBlockK, sm90::kBlockM);
+  const simt::TensorMap map_b = map_of(b_bits.data(), s.batch, s.K, s.N, sm90::kBoxN, sm90::kBlockK);
+  sm90::WgmmaGemmParams p{};
+  p.out = out.data();
+  p.M = s.M;
+  p.N = s.N;
+  p.K = s.K;
+  p.m_tiles = (s.M + sm90::kBlockM - 1) / sm90::kBlockM;
+  p.n_tiles = (s.N + sm90::kBlockN - 1) / sm90::kBlockN;
+  p.out_vec2 = reinterpret_cast<uintptr_t>(out.data()) % 4 == 0;
+  const simt::Dim3 grid{static_cast<unsigned>(p.m_tiles * p.n_tiles), static_cast<unsigned>(s.batch), 1};
+  simt::launch(
+      grid, sm90::kThreads, [&] { sm90::wgmma_gemm_kernel<T>(map_a, map_b, p); }, sm90::kSmemBytes);
+
+  // One rounding to 16 bits of an f32 sum (TensorCoreGemmTest's tolerance); a layout error is of order 1.
+  EXPECT_LE(normalised_error<T>(out, expected), 1e-2);
+}
+
+TEST(WgmmaGemmEmulatedTest, OneTileMatchesFloat64Products) {
+#if defined(__SANITIZE_THREAD__)
+  GTEST_SKIP() << "the emulator's fibers switch stacks, which ThreadSanitizer is not told about";
+#endif
+  check_emulated_wgmma_gemm<BFloat16>({1, 128, 256, 64}, 1u);  // one whole tile, one k tile
+  check_emulated_wgmma_gemm<Half>({1, 128, 256, 320}, 2u);     // 5 k tiles over 4 stages: the empty barriers wrap
+}
+
+TEST(WgmmaGemmEmulatedTest, PartialTilesAndBatchesMatchFloat64Products) {
+#if defined(__SANITIZE_THREAD__)
+  GTEST_SKIP() << "the emulator's fibers switch stacks, which ThreadSanitizer is not told about";
+#endif
+  check_emulated_wgmma_gemm<Half>({2, 72, 264, 40}, 3u);        // partial M, N and K tiles, batch 2
+  check_emulated_wgmma_gemm<BFloat16>({1, 300, 520, 136}, 4u);  // 3 x 3 tiles in one raster group
+}
+
+}  // namespace
+}  // namespace ember::testing
