@@ -18,6 +18,8 @@
 #include "ember/base/cuda_check.h"
 #include "ember/ember.h"
 #include "ember/kernels/cuda/blas.h"
+#include "ember/kernels/cuda/device_info.h"
+#include "ember/kernels/cuda/tc_gemm_sm90.h"
 #include "ember/memory/cuda_device.h"
 
 using namespace ember;
@@ -126,9 +128,8 @@ int main(int argc, char** argv) {
                     median_ms(iters, [&] { (void)ops::add_layer_norm_with_stats(m, res, {1024}, w, b); })});
     // Bias + GELU over [rows, 1024]: x read, out written (the bias is 4 KiB); backward reads g and x, writes grad_x.
     rows.push_back({"bias_gelu f32 (fused)", shape, 2 * nb * 4, median_ms(iters, [&] { (void)ops::bias_gelu(m, b); })});
-    rows.push_back({"bias_gelu backward f32", shape, 3 * nb * 4, median_ms(iters, [&] {
-                      (void)ops::bias_gelu_backward(res, m, b, GeluApprox::None, true, true);
-                    })});
+    rows.push_back({"bias_gelu backward f32", shape, 3 * nb * 4,
+                    median_ms(iters, [&] { (void)ops::bias_gelu_backward(res, m, b, GeluApprox::None, true, true); })});
   }
   {
     const int64_t vocab = 50304, tokens = quick ? 256 : 8192;  // GPT-2's padded vocabulary
@@ -152,8 +153,9 @@ int main(int argc, char** argv) {
   cuda::set_gemm_strategy(cuda::GemmStrategy::CublasLt);
   // Both hand-written kernels: mma.sync (any sm_80+) and, where the build and device allow, wgmma + TMA (Hopper).
   const bool wgmma = cuda::wgmma_gemm_supported(dev.index);
-  std::printf("\n| GEMM (M = N = K) | dtype | cuBLASLt TFLOP/s | mma.sync TFLOP/s | ratio | wgmma TFLOP/s | ratio | "
-              "normalised diff (mma.sync, wgmma) |\n");
+  std::printf(
+      "\n| GEMM (M = N = K) | dtype | cuBLASLt TFLOP/s | mma.sync TFLOP/s | ratio | wgmma TFLOP/s | ratio | "
+      "normalised diff (mma.sync, wgmma) |\n");
   std::printf("|---:|---|---:|---:|---:|---:|---:|---|\n");
   const cudaStream_t stream = nullptr;
   std::vector<int64_t> sizes = quick ? std::vector<int64_t>{1024} : std::vector<int64_t>{1024, 2048, 4096, 8192};
@@ -187,6 +189,34 @@ int main(int argc, char** argv) {
         std::printf("| %lld | %s | %.1f | %.1f | %.0f%% | — | — | %.1e, — |\n", static_cast<long long>(s),
                     dtype_name(dt), lt, tc, 100.0 * tc / lt, normalised_error(c_tc, c_lt));
       }
+    }
+  }
+  if (!wgmma) return 0;
+
+  // The wgmma kernel at each fixed tile width against the width it picks by shape (Note [Hopper GEMM]).
+  std::printf(
+      "\n| GEMM (M = N = K) | dtype | picked width | width 64 TFLOP/s | width 128 TFLOP/s | width 256 TFLOP/s |\n");
+  std::printf("|---:|---|---:|---:|---:|---:|\n");
+  for (DType dt : {DType::f16, DType::bf16}) {
+    for (int64_t s : sizes) {
+      const Tensor a = randn({s, s}, f32).to(dt), b = randn({s, s}, f32).to(dt);
+      Tensor c = empty({s, s}, {dt, dev});
+      const int gemm_iters = static_cast<int>(std::max<int64_t>(5, (int64_t{1} << 38) / (s * s * s)));
+      const double flop = 2.0 * static_cast<double>(s) * static_cast<double>(s) * static_cast<double>(s);
+      double tflops[3];
+      const int widths[3] = {64, 128, 256};
+      for (int w = 0; w < 3; ++w) {
+        cuda::set_wgmma_tile_width(widths[w]);
+        const double ms = median_ms(gemm_iters, [&] {
+          cuda::tensor_core_gemm(dt, 1, s, s, s, a.raw_data(), b.raw_data(), c.raw_data(), stream,
+                                 cuda::TcGemmKernel::Wgmma);
+        });
+        tflops[w] = flop / (ms * 1e-3) / 1e12;
+      }
+      cuda::set_wgmma_tile_width(0);
+      std::printf("| %lld | %s | %d | %.1f | %.1f | %.1f |\n", static_cast<long long>(s), dtype_name(dt),
+                  cuda::wgmma_tile_width(1, s, s, cuda::device_properties(dev.index).sm_count), tflops[0], tflops[1],
+                  tflops[2]);
     }
   }
   return 0;

@@ -279,16 +279,18 @@ inline void wgmma_commit() {}
 template <int N>
 void wgmma_wait() {}
 
-// wgmma.mma_async.m64n256k16.f32 with A K-major and B N-major (imm-trans-b 1), both in the 128-byte swizzle mode:
-// A[m][k] is read at swizzle_128b(a.start + (m / 8) * a.sbo + (m % 8) * 128 + 2 k), B[k][n] at
+// wgmma.mma_async.m64nNk16.f32 (N = 64, 128, 256) with A K-major and B N-major (imm-trans-b 1), both in the 128-byte
+// swizzle mode: A[m][k] is read at swizzle_128b(a.start + (m / 8) * a.sbo + (m % 8) * 128 + 2 k), B[k][n] at
 // swizzle_128b(b.start + (n / 64) * b.lbo + (k / 8) * b.sbo + (k % 8) * 128 + 2 (n % 64)) (PTX ISA canonical layouts,
 // Note [Hopper GEMM]). Every thread must pass the same operands (SimtError otherwise); sums in f32 in k order; the
 // accumulator layout is Note [Hopper GEMM]'s.
-template <class T, class Operand>
-void wgmma_m64n256k16(float (&d)[128], const Operand& a, const Operand& b, int scale_d) {
+template <class T, int N, class Operand>
+void wgmma_m64nk16(float (&d)[N / 2], const Operand& a, const Operand& b, int scale_d) {
+  static_assert(N == 64 || N == 128 || N == 256, "N is 64, 128 or 256");
   namespace simt = ::ember::testing::simt;
+  constexpr int R = N / 2;  // accumulators per thread
   struct In {
-    float d[128];
+    float d[R];
     const void* a;
     const void* b;
     uint32_t a_sbo, b_lbo, b_sbo;
@@ -319,22 +321,22 @@ void wgmma_m64n256k16(float (&d)[128], const Operand& a, const Operand& b, int s
       std::memcpy(&bits, reinterpret_cast<const void*>(simt::swizzle_128b(address)), 2);
       return static_cast<float>(T::from_bits(bits));
     };
-    float A[64][16], B[16][256];
+    float A[64][16], B[16][N];
     const uintptr_t a0 = reinterpret_cast<uintptr_t>(op.a), b0 = reinterpret_cast<uintptr_t>(op.b);
     for (int m = 0; m < 64; ++m)
       for (int k = 0; k < 16; ++k) A[m][k] = load(a0 + (m / 8) * op.a_sbo + (m % 8) * 128 + 2 * k);
     for (int k = 0; k < 16; ++k)
-      for (int n = 0; n < 256; ++n)
+      for (int n = 0; n < N; ++n)
         B[k][n] = load(b0 + (n / 64) * op.b_lbo + (k / 8) * op.b_sbo + (k % 8) * 128 + 2 * (n % 64));
     float* result = reinterpret_cast<float*>(out);
     for (int t = 0; t < 128; ++t) {
       const int w = t / 32, l = t % 32;
-      for (int i = 0; i < 128; ++i) {
+      for (int i = 0; i < R; ++i) {
         const int j = i / 4, r = i % 4;
         const int row = 16 * w + l / 4 + 8 * (r / 2), col = 8 * j + 2 * (l % 4) + (r % 2);
         float sum = 0.0f;
         for (int k = 0; k < 16; ++k) sum += A[row][k] * B[k][col];
-        result[t * 128 + i] = (op.scale_d != 0 ? all[t].d[i] : 0.0f) + sum;
+        result[t * R + i] = (op.scale_d != 0 ? all[t].d[i] : 0.0f) + sum;
       }
     }
   });

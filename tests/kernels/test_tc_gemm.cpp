@@ -16,6 +16,7 @@
 
 #include "ember/kernels/cuda/blas.h"
 #include "ember/kernels/cuda/stream.h"
+#include "ember/kernels/cuda/tc_gemm_sm90.h"
 #endif
 
 namespace ember::testing {
@@ -105,24 +106,32 @@ TEST_P(TensorCoreGemmTest, MatchesFloat64Reference) {
   }
 }
 
-// The Hopper kernel on shapes it takes (K, N multiples of 8, aligned operands): one tile, partial tiles in M, N and K,
-// batches, more k tiles than pipeline stages, several raster groups. Auto takes it too, and falls back to mma.sync
-// where it does not apply.
+// The Hopper kernel on shapes it takes (K, N multiples of 8, aligned operands) at each tile width: one tile, partial
+// tiles in M, N and K, batches, more k tiles than pipeline stages, several raster groups. Auto takes it too, and falls
+// back to mma.sync where it does not apply.
 TEST_P(TensorCoreGemmTest, WgmmaMatchesFloat64Reference) {
   EMBER_SKIP_WITHOUT_CUDA();
   if (!cuda::wgmma_gemm_supported(device().index))
     GTEST_SKIP() << "the wgmma kernel needs sm_90 and a build with sm_90a code";
+  struct Reset {
+    ~Reset() { cuda::set_wgmma_tile_width(0); }
+  } reset;
   const std::vector<GemmShape> shapes = {
-      {1, 128, 256, 64},      // exactly one tile and one k tile
+      {1, 128, 256, 64},      // exactly one 256-wide tile and one k tile
       {1, 1, 8, 8},           // one row, one 8-column group: TMA zero-fills the rest of the tile
       {3, 129, 200, 72},      // batched, one row past a tile, partial N and K tiles
-      {1, 256, 512, 1024},    // 16 k tiles over 4 stages
+      {1, 256, 512, 1024},    // 16 k tiles: several rounds of every stage count (4, 6, 8)
       {1, 1000, 1000, 1000},  // partial edge tiles, one raster group of 8 M tiles
       {1, 1100, 264, 64},     // 9 M tiles: a second, partial raster group
       {1, 64, 8, 2000},       // long K, one narrow N tile
   };
   for (DType dtype : {DType::f16, DType::bf16}) {
-    for (const GemmShape& s : shapes) check_gemm(dtype, s, device(), /*offset=*/false, cuda::TcGemmKernel::Wgmma);
+    for (int width : {64, 128, 256}) {
+      cuda::set_wgmma_tile_width(width);
+      SCOPED_TRACE(detail::concat("tile width ", width));
+      for (const GemmShape& s : shapes) check_gemm(dtype, s, device(), /*offset=*/false, cuda::TcGemmKernel::Wgmma);
+    }
+    cuda::set_wgmma_tile_width(0);
     check_gemm(dtype, {2, 96, 72, 200}, device(), /*offset=*/false, cuda::TcGemmKernel::Auto);
     check_gemm(dtype, {2, 96, 72, 200}, device(), /*offset=*/true, cuda::TcGemmKernel::Auto);  // falls back
   }
@@ -155,6 +164,19 @@ TEST(TensorCoreGemmHost, RejectsUnsupportedDTypesAndNegativeSizes) {
   // Nothing to compute: no launch, no pointer is touched.
   EXPECT_NO_THROW(cuda::tensor_core_gemm(DType::f16, 0, 4, 4, 4, nullptr, nullptr, nullptr, nullptr));
   EXPECT_NO_THROW(cuda::tensor_core_gemm(DType::bf16, 2, 4, 0, 4, nullptr, nullptr, nullptr, nullptr));
+}
+
+// The Hopper kernel's tile width on an H100's 132 SMs (Note [Hopper GEMM], "Tile width"): the fewest waves times
+// (128 + width), the widest on a tie.
+TEST(TensorCoreGemmHost, WgmmaTileWidthFillsTheSms) {
+  EXPECT_EQ(cuda::wgmma_tile_width(1, 1024, 1024, 132), 64);   // 128 tiles of 64: one wave; 256 would idle 100 SMs
+  EXPECT_EQ(cuda::wgmma_tile_width(1, 1536, 1536, 132), 256);  // 1 wave x 384 < 3 waves x 192
+  EXPECT_EQ(cuda::wgmma_tile_width(1, 2048, 2048, 132), 256);  // 128 tiles: one wave
+  EXPECT_EQ(cuda::wgmma_tile_width(1, 4096, 4096, 132), 256);
+  EXPECT_EQ(cuda::wgmma_tile_width(1, 8192, 8192, 132), 256);   // 16 waves x 384 < 63 waves x 192
+  EXPECT_EQ(cuda::wgmma_tile_width(12, 1024, 1024, 132), 256);  // the batch fills the waves
+  EXPECT_EQ(cuda::wgmma_tile_width(1, 128, 64, 132), 64);
+  EXPECT_THROW(cuda::set_wgmma_tile_width(96), ValueError);
 }
 
 #else

@@ -35,10 +35,10 @@ simt::TensorMap map_of(const void* base, int64_t batch, int64_t rows, int64_t co
   return m;
 }
 
-template <class T>
+template <class T, int BN>
 void check_emulated_wgmma_gemm(const GemmShape& s, uint32_t seed) {
-  SCOPED_TRACE(::testing::Message() << (std::is_same_v<T, Half> ? "f16" : "bf16") << " batch " << s.batch << " M "
-                                    << s.M << " N " << s.N << " K " << s.K);
+  SCOPED_TRACE(::testing::Message() << (std::is_same_v<T, Half> ? "f16" : "bf16") << " BN " << BN << " batch "
+                                    << s.batch << " M " << s.M << " N " << s.N << " K " << s.K);
   ASSERT_TRUE(s.K % 8 == 0 && s.N % 8 == 0) << "the launcher's conditions";
   const auto [a_bits, a] = random_16bit<T>(static_cast<size_t>(s.batch * s.M * s.K), seed);
   const auto [b_bits, b] = random_16bit<T>(static_cast<size_t>(s.batch * s.K * s.N), seed);
@@ -53,11 +53,11 @@ void check_emulated_wgmma_gemm(const GemmShape& s, uint32_t seed) {
   p.N = s.N;
   p.K = s.K;
   p.m_tiles = (s.M + sm90::kBlockM - 1) / sm90::kBlockM;
-  p.n_tiles = (s.N + sm90::kBlockN - 1) / sm90::kBlockN;
+  p.n_tiles = (s.N + BN - 1) / BN;
   p.out_vec2 = reinterpret_cast<uintptr_t>(out.data()) % 4 == 0;
   const simt::Dim3 grid{static_cast<unsigned>(p.m_tiles * p.n_tiles), static_cast<unsigned>(s.batch), 1};
   simt::launch(
-      grid, sm90::kThreads, [&] { sm90::wgmma_gemm_kernel<T>(map_a, map_b, p); }, sm90::kSmemBytes);
+      grid, sm90::kThreads, [&] { sm90::wgmma_gemm_kernel<T, BN>(map_a, map_b, p); }, sm90::Tile<BN>::kSmemBytes);
 
   // One rounding to 16 bits of an f32 sum (TensorCoreGemmTest's tolerance); a layout error is of order 1.
   EXPECT_LE(normalised_error<T>(out, expected), 1e-2);
@@ -67,16 +67,20 @@ TEST(WgmmaGemmEmulatedTest, OneTileMatchesFloat64Products) {
 #if defined(__SANITIZE_THREAD__)
   GTEST_SKIP() << "the emulator's fibers switch stacks, which ThreadSanitizer is not told about";
 #endif
-  check_emulated_wgmma_gemm<BFloat16>({1, 128, 256, 64}, 1u);  // one whole tile, one k tile
-  check_emulated_wgmma_gemm<Half>({1, 128, 256, 320}, 2u);     // 5 k tiles over 4 stages: the empty barriers wrap
+  check_emulated_wgmma_gemm<BFloat16, 256>({1, 128, 256, 64}, 1u);  // one whole tile, one k tile
+  check_emulated_wgmma_gemm<Half, 256>({1, 128, 256, 320}, 2u);     // 5 k tiles over 4 stages: the empty barriers wrap
+  check_emulated_wgmma_gemm<Half, 128>({1, 128, 128, 448}, 3u);     // 7 k tiles over 6 stages
+  check_emulated_wgmma_gemm<BFloat16, 64>({1, 128, 64, 576}, 4u);   // 9 k tiles over 8 stages
 }
 
 TEST(WgmmaGemmEmulatedTest, PartialTilesAndBatchesMatchFloat64Products) {
 #if defined(__SANITIZE_THREAD__)
   GTEST_SKIP() << "the emulator's fibers switch stacks, which ThreadSanitizer is not told about";
 #endif
-  check_emulated_wgmma_gemm<Half>({2, 72, 264, 40}, 3u);        // partial M, N and K tiles, batch 2
-  check_emulated_wgmma_gemm<BFloat16>({1, 300, 520, 136}, 4u);  // 3 x 3 tiles in one raster group
+  check_emulated_wgmma_gemm<Half, 256>({2, 72, 264, 40}, 5u);        // partial M, N and K tiles, batch 2
+  check_emulated_wgmma_gemm<BFloat16, 256>({1, 300, 520, 136}, 6u);  // 3 x 3 tiles in one raster group
+  check_emulated_wgmma_gemm<BFloat16, 128>({2, 136, 200, 72}, 7u);   // 2 x 2 tiles, batch 2
+  check_emulated_wgmma_gemm<Half, 64>({1, 1100, 72, 24}, 8u);        // 9 M tiles: a second, partial raster group
 }
 
 }  // namespace

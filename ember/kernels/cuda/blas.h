@@ -56,5 +56,8 @@ void tensor_core_gemm(DType dtype, int64_t batch, int64_t M, int64_t N, int64_t 
 // Whether the Hopper kernel can run on `device`: compute capability 9.x, enough shared memory, and sm_90a code in
 // this build (CMAKE_CUDA_ARCHITECTURES 90a; a plain 90 build lacks wgmma). Checked once per device by a probe kernel.
 bool wgmma_gemm_supported(int device);
+// The Hopper kernel's tile width (N columns per block): 0 (the default) picks it per product from the SM count
+// (Note [Hopper GEMM], "Tile width"); 64, 128 or 256 fixes it for the process (tests, benchmarks). ValueError otherwise.
+void set_wgmma_tile_width(int n);
 
 }  // namespace ember::cuda

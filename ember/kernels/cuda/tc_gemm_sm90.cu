@@ -7,6 +7,8 @@
 #include <cudaTypedefs.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <mutex>
 #include <vector>
@@ -23,14 +25,25 @@ namespace {
 
 using sm90::kBlockK;
 using sm90::kBlockM;
-using sm90::kBlockN;
 using sm90::kBoxN;
-using sm90::kSmemBytes;
 using sm90::kThreads;
+using sm90::Tile;
 using sm90::wgmma_gemm_kernel;
 using sm90::WgmmaGemmParams;
 
+// The most shared memory a tile width's kernel takes (each about 193 KiB: 192 KiB of stages).
+constexpr size_t kSmemBytes = std::max({Tile<256>::kSmemBytes, Tile<128>::kSmemBytes, Tile<64>::kSmemBytes});
+
+template <int BN>
+void set_smem_limit() {
+  for (auto* kernel : {wgmma_gemm_kernel<Half, BN>, wgmma_gemm_kernel<BFloat16, BN>})
+    EMBER_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                          static_cast<int>(Tile<BN>::kSmemBytes)));
+}
+
 constexpr int64_t kMaxGridY = 65535;
+
+std::atomic<int> g_tile_width{0};  // set_wgmma_tile_width
 
 // Writes 1 when this image of the module was compiled for sm_90a (wgmma), else 0.
 __global__ void wgmma_probe_kernel(int* flag) {
@@ -65,9 +78,9 @@ bool probe_device(int device) {
     (void)cudaGetLastError();
     EMBER_CUDA_CHECK(cudaFreeHost(flag));
     if (ok) {
-      for (auto* kernel : {wgmma_gemm_kernel<Half>, wgmma_gemm_kernel<BFloat16>})
-        EMBER_CUDA_CHECK(
-            cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kSmemBytes)));
+      set_smem_limit<256>();
+      set_smem_limit<128>();
+      set_smem_limit<64>();
     }
     EMBER_CUDA_CHECK(cudaSetDevice(previous));
   }
@@ -113,13 +126,63 @@ bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0;
 
 bool wgmma_gemm_supported(int device) { return probe_device(device); }
 
+void set_wgmma_tile_width(int n) {
+  EMBER_CHECK(n == 0 || n == 64 || n == 128 || n == 256, ValueError, "set_wgmma_tile_width: ", n,
+              " is not 0 (by shape), 64, 128 or 256");
+  g_tile_width.store(n);
+}
+
 bool wgmma_gemm_applies(int64_t M, int64_t N, int64_t K, const void* a, const void* b, int device) {
   return K % 8 == 0 && N % 8 == 0 && aligned16(a) && aligned16(b) && M < INT32_MAX && N < INT32_MAX && K < INT32_MAX &&
          probe_device(device);
 }
 
+namespace {
+
+template <int BN>
+void launch(DType dtype, int64_t batch, const CUtensorMap& map_a, const CUtensorMap& map_b, WgmmaGemmParams p,
+            cudaStream_t stream) {
+  p.n_tiles = (p.N + BN - 1) / BN;
+  const int64_t tiles = p.m_tiles * p.n_tiles;
+  EMBER_CHECK(tiles <= INT32_MAX, ShapeError, "wgmma_gemm: [", p.M, ", ", p.N, "] needs more than 2^31 - 1 blocks");
+  for (int64_t b0 = 0; b0 < batch; b0 += kMaxGridY) {
+    p.batch_begin = b0;
+    const dim3 grid(static_cast<unsigned>(tiles),
+                    static_cast<unsigned>(batch - b0 < kMaxGridY ? batch - b0 : kMaxGridY));
+    if (dtype == DType::f16) {
+      wgmma_gemm_kernel<Half, BN><<<grid, kThreads, Tile<BN>::kSmemBytes, stream>>>(map_a, map_b, p);
+    } else {
+      wgmma_gemm_kernel<BFloat16, BN><<<grid, kThreads, Tile<BN>::kSmemBytes, stream>>>(map_a, map_b, p);
+    }
+    EMBER_CUDA_LAUNCH_CHECK();
+  }
+}
+
+}  // namespace
+
+int wgmma_tile_width(int64_t batch, int64_t M, int64_t N, int sm_count) {
+  const int64_t m_tiles = (M + kBlockM - 1) / kBlockM;
+  int best = 256;
+  int64_t best_cost = INT64_MAX;
+  for (int bn : {256, 128, 64}) {  // widest first: a tie keeps the wider tile
+    const int64_t tiles = batch * m_tiles * ((N + bn - 1) / bn);
+    // waves x one tile's time, taken as its bytes loaded per k step (A's 128 rows + B's bn columns): a narrower tile
+    // moves more bytes per FLOP
+    const int64_t cost = (tiles + sm_count - 1) / sm_count * (kBlockM + bn);
+    if (cost < best_cost) {
+      best_cost = cost;
+      best = bn;
+    }
+  }
+  return best;
+}
+
 void wgmma_gemm(DType dtype, int64_t batch, int64_t M, int64_t N, int64_t K, const void* a, const void* b, void* out,
                 cudaStream_t stream) {
+  int device = 0;
+  EMBER_CUDA_CHECK(cudaGetDevice(&device));
+  const int fixed = g_tile_width.load();
+  const int bn = fixed != 0 ? fixed : wgmma_tile_width(batch, M, N, device_properties(device).sm_count);
   const CUtensorMap map_a = tensor_map(dtype, a, batch, M, K, kBlockK, kBlockM);
   const CUtensorMap map_b = tensor_map(dtype, b, batch, K, N, kBoxN, kBlockK);
   WgmmaGemmParams p{};
@@ -128,20 +191,13 @@ void wgmma_gemm(DType dtype, int64_t batch, int64_t M, int64_t N, int64_t K, con
   p.N = N;
   p.K = K;
   p.m_tiles = (M + kBlockM - 1) / kBlockM;
-  p.n_tiles = (N + kBlockN - 1) / kBlockN;
   p.out_vec2 = reinterpret_cast<uintptr_t>(out) % 4 == 0;  // N is even (a multiple of 8)
-  const int64_t tiles = p.m_tiles * p.n_tiles;
-  EMBER_CHECK(tiles <= INT32_MAX, ShapeError, "wgmma_gemm: [", M, ", ", N, "] needs more than 2^31 - 1 blocks");
-  for (int64_t b0 = 0; b0 < batch; b0 += kMaxGridY) {
-    p.batch_begin = b0;
-    const dim3 grid(static_cast<unsigned>(tiles),
-                    static_cast<unsigned>(batch - b0 < kMaxGridY ? batch - b0 : kMaxGridY));
-    if (dtype == DType::f16) {
-      wgmma_gemm_kernel<Half><<<grid, kThreads, kSmemBytes, stream>>>(map_a, map_b, p);
-    } else {
-      wgmma_gemm_kernel<BFloat16><<<grid, kThreads, kSmemBytes, stream>>>(map_a, map_b, p);
-    }
-    EMBER_CUDA_LAUNCH_CHECK();
+  if (bn == 256) {
+    launch<256>(dtype, batch, map_a, map_b, p, stream);
+  } else if (bn == 128) {
+    launch<128>(dtype, batch, map_a, map_b, p, stream);
+  } else {
+    launch<64>(dtype, batch, map_a, map_b, p, stream);
   }
 }
 

@@ -15,6 +15,10 @@ namespace ember::cuda {
 // (TMA's 16-byte global strides), a and b 16-byte aligned, and M, N, K below 2^31 (TMA's 32-bit coordinates).
 bool wgmma_gemm_applies(int64_t M, int64_t N, int64_t K, const void* a, const void* b, int device);
 
+// The tile width (N columns per block: 256, 128 or 64) for a product on `sm_count` SMs: the fewest waves times bytes
+// loaded per tile and k step (128 + width), the widest on a tie (Note [Hopper GEMM], "Tile width").
+int wgmma_tile_width(int64_t batch, int64_t M, int64_t N, int sm_count);
+
 // out[b] = a[b] @ bm[b] for contiguous row-major a [batch, M, K], b [batch, K, N], out [batch, M, N]; dtype f16 or
 // bf16; batch, M, N, K >= 1.
 void wgmma_gemm(DType dtype, int64_t batch, int64_t M, int64_t N, int64_t K, const void* a, const void* b, void* out,

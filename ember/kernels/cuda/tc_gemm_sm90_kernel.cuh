@@ -20,18 +20,23 @@
 namespace ember::cuda::sm90 {
 
 // Note [Hopper GEMM]
-// Work split. One block of 384 threads (three warpgroups) computes a 128 x 256 tile of out[b] = a[b] @ bm[b]:
+// Work split. One block of 384 threads (three warpgroups) computes a 128 x BN tile of out[b] = a[b] @ bm[b]:
 // warpgroup 0 is the producer (one thread issues every TMA load; setmaxnreg gives the group's registers away),
-// warpgroups 1 and 2 are consumers, each owning 64 rows of the tile and all 256 columns as 128 f32 accumulators per
-// thread (one wgmma m64n256k16 per 16 of K). Tiles are rastered in groups of kGroupM M tiles (a wave of blocks then
+// warpgroups 1 and 2 are consumers, each owning 64 rows of the tile and all BN columns as BN / 2 f32 accumulators per
+// thread (one wgmma m64nBNk16 per 16 of K). Tiles are rastered in groups of kGroupM M tiles (a wave of blocks then
 // shares a few A row-blocks and B column-blocks in L2); grid.y is the batch.
 //
-// Shared memory: kStages stages of 48 KiB, each the A box (128 rows x 64 K, 16 KiB) and four B boxes (64 K rows x
-// 64 N columns, 8 KiB each), then 2 * kStages mbarriers. The base is rounded up to 1024 bytes. Every box is loaded
-// by TMA with CU_TENSOR_MAP_SWIZZLE_128B: row r of a box (128 bytes) lands at r * 128 with its 16-byte chunk j at
-// chunk j ^ (r % 8) — the same address-based pattern (bits 4-6 ^= bits 7-9) that wgmma's 128-byte swizzle mode reads,
-// which is why every atom of 8 rows must start 1024-byte aligned. The pattern spreads the 8 rows of a core matrix
-// over all banks.
+// Tile width. BN = 256 loads (128 + 256) / 256 = 1.5 bytes of operands per output column and k against 3 at BN = 64
+// (A is shared by more columns), but a small product then has fewer tiles than the GPU has SMs. The launcher
+// minimises waves x (128 + BN), the time of a wave if loads bound it (wgmma_tile_width): 1024^3 on 132 SMs takes
+// BN = 64 (128 tiles, one wave, where BN = 256 would leave 100 SMs idle); 2048^3 and larger take 256.
+//
+// Shared memory: kStages stages (4 x 48 KiB at BN = 256, 6 x 32 KiB at 128, 8 x 24 KiB at 64), each the A box (128
+// rows x 64 K, 16 KiB) and BN / 64 B boxes (64 K rows x 64 N columns, 8 KiB each), then 2 * kStages mbarriers. The base
+// is rounded up to 1024 bytes. Every box is loaded by TMA with CU_TENSOR_MAP_SWIZZLE_128B: row r of a box (128 bytes)
+// lands at r * 128 with its 16-byte chunk j at chunk j ^ (r % 8) — the same address-based pattern (bits 4-6 ^= bits
+// 7-9) that wgmma's 128-byte swizzle mode reads, which is why every atom of 8 rows must start 1024-byte aligned. The
+// pattern spreads the 8 rows of a core matrix over all banks.
 //
 // Descriptors (PTX ISA, "Shared Memory Matrix Layout", canonical layouts in units of elements, T = 8 for 16 bits):
 //   A, K-major, 128B swizzle: ((8, m), (T, 2k)) : ((8T, SBO), (1, T)). Rows are 128 bytes apart, 8-row groups SBO =
@@ -44,7 +49,7 @@ namespace ember::cuda::sm90 {
 // Pipeline. full[s] (count 1) completes when the producer has armed it with the stage's byte count
 // (arrive.expect_tx) and the TMA copies have delivered those bytes; empty[s] (count 2) completes when both consumers
 // have finished reading the stage. Phase parities: round r = kt / kStages waits full parity r & 1 and, for r > 0,
-// empty parity (r - 1) & 1. A consumer issues its 4 wgmma of stage kt, commits them as one group, waits until at
+// empty parity (r - 1) & 1. A consumer issues the 4 wgmma of stage kt, commits them as one group, waits until at
 // most one group is pending (so stage kt - 1's products are done) and releases stage kt - 1: the tensor cores always
 // have the next group queued.
 //
@@ -55,13 +60,21 @@ namespace ember::cuda::sm90 {
 //
 // Registers: __launch_bounds__(384, 1) caps ptxas at 168 per thread; setmaxnreg moves the producer to 40 and the
 // consumers to 232 (40 * 128 + 232 * 256 = 64512 <= 65536).
-constexpr int kBlockM = 128, kBlockN = 256, kBlockK = 64, kStages = 4, kGroupM = 8;
+constexpr int kBlockM = 128, kBlockK = 64, kGroupM = 8;
 constexpr int kThreads = 384;
-constexpr int kBoxN = 64;                                                   // N columns per B box (128 bytes)
-constexpr uint32_t kABytes = kBlockM * kBlockK * 2;                         // 16 KiB
-constexpr uint32_t kBBoxBytes = kBlockK * kBoxN * 2;                        // 8 KiB
-constexpr uint32_t kStageBytes = kABytes + kBBoxBytes * (kBlockN / kBoxN);  // 48 KiB
-constexpr size_t kSmemBytes = size_t{kStages} * kStageBytes + 2 * kStages * sizeof(uint64_t) + 1024;
+constexpr int kBoxN = 64;                             // N columns per B box (128 bytes)
+constexpr uint32_t kABytes = kBlockM * kBlockK * 2;   // 16 KiB
+constexpr uint32_t kBBoxBytes = kBlockK * kBoxN * 2;  // 8 KiB
+
+// The tile widths the launcher chooses from (Note [Hopper GEMM], "Tile width"): N columns per block = the wgmma's n.
+template <int BN>
+struct Tile {
+  static_assert(BN == 64 || BN == 128 || BN == 256, "BN is 64, 128 or 256");
+  static constexpr int kBlockN = BN;
+  static constexpr uint32_t kStageBytes = kABytes + kBBoxBytes * (BN / kBoxN);  // 48, 32 or 24 KiB
+  static constexpr int kStages = BN == 256 ? 4 : BN == 128 ? 6 : 8;             // 192 KiB of stages at most
+  static constexpr size_t kSmemBytes = size_t{kStages} * kStageBytes + 2 * kStages * sizeof(uint64_t) + 1024;
+};
 
 struct WgmmaGemmParams {
   uint16_t* out;  // [batch, M, N] row-major, 16-bit elements
@@ -71,27 +84,26 @@ struct WgmmaGemmParams {
   bool out_vec2;        // 32-bit paired stores allowed (N even, out 4 B aligned)
 };
 
-// Stage s of the pipeline in the 1024-byte aligned shared memory `smem`.
-EMBER_HD_INLINE unsigned char* stage_a(unsigned char* smem, int s) {
-  return smem + static_cast<size_t>(s) * kStageBytes;
-}
-EMBER_HD_INLINE unsigned char* stage_b(unsigned char* smem, int s) { return stage_a(smem, s) + kABytes; }
-
-template <class T>
+template <class T, int BN>
 __global__ void __launch_bounds__(kThreads, 1)
     wgmma_gemm_kernel(const __grid_constant__ TmaDescriptor map_a, const __grid_constant__ TmaDescriptor map_b,
                       const WgmmaGemmParams p) {
+  constexpr int kStages = Tile<BN>::kStages;
+  constexpr uint32_t kStageBytes = Tile<BN>::kStageBytes;
   EMBER_DYNAMIC_SHARED(unsigned char, smem_raw);
   unsigned char* smem =
       reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023});
   uint64_t* full = reinterpret_cast<uint64_t*>(smem + static_cast<size_t>(kStages) * kStageBytes);
   uint64_t* empty = full + kStages;
+  // Stage s: the A box, then the B boxes.
+  auto stage_a = [&](int s) { return smem + static_cast<size_t>(s) * kStageBytes; };
+  auto stage_b = [&](int s) { return smem + static_cast<size_t>(s) * kStageBytes + kABytes; };
 
   const int64_t tile = blockIdx.x, per_group = int64_t{kGroupM} * p.n_tiles;
   const int64_t first_m = tile / per_group * kGroupM;
   const int64_t group_m = p.m_tiles - first_m < kGroupM ? p.m_tiles - first_m : kGroupM;
   const int64_t m0 = (first_m + tile % per_group % group_m) * kBlockM;
-  const int64_t n0 = tile % per_group / group_m * kBlockN;
+  const int64_t n0 = tile % per_group / group_m * BN;
   const int64_t batch = p.batch_begin + blockIdx.y;
   const int k_tiles = static_cast<int>((p.K + kBlockK - 1) / kBlockK);
   const int wg = static_cast<int>(threadIdx.x) / 128, t = static_cast<int>(threadIdx.x) % 128;
@@ -115,9 +127,9 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
       }
       mbar_arrive_expect_tx(&full[s], kStageBytes);
-      tma_load_3d(stage_a(smem, s), &map_a, kt * kBlockK, static_cast<int>(m0), static_cast<int>(batch), &full[s]);
-      for (int j = 0; j < kBlockN / kBoxN; ++j)
-        tma_load_3d(stage_b(smem, s) + j * kBBoxBytes, &map_b, static_cast<int>(n0) + j * kBoxN, kt * kBlockK,
+      tma_load_3d(stage_a(s), &map_a, kt * kBlockK, static_cast<int>(m0), static_cast<int>(batch), &full[s]);
+      for (int j = 0; j < BN / kBoxN; ++j)
+        tma_load_3d(stage_b(s) + j * kBBoxBytes, &map_b, static_cast<int>(n0) + j * kBoxN, kt * kBlockK,
                     static_cast<int>(batch), &full[s]);
     }
     return;
@@ -126,19 +138,19 @@ __global__ void __launch_bounds__(kThreads, 1)
   // consumers
   setmaxnreg_inc<232>();
   const int c = wg - 1;
-  float d[128];
+  float d[BN / 2];
   EMBER_UNROLL
-  for (int i = 0; i < 128; ++i) d[i] = 0.0f;
+  for (int i = 0; i < BN / 2; ++i) d[i] = 0.0f;
   for (int kt = 0; kt < k_tiles; ++kt) {
     const int s = kt % kStages;
     while (!mbar_try_wait(&full[s], static_cast<unsigned>(kt / kStages) & 1u)) {
     }
-    const unsigned char* a = stage_a(smem, s) + c * (64 * 128);
-    const unsigned char* b = stage_b(smem, s);
+    const unsigned char* a = stage_a(s) + c * (64 * 128);
+    const unsigned char* b = stage_b(s);
     wgmma_fence();
     EMBER_UNROLL
     for (int kk = 0; kk < kBlockK / 16; ++kk)
-      wgmma_m64n256k16<T>(d, SmemOperand{a + kk * 32, 16, 1024}, SmemOperand{b + kk * 2048, kBBoxBytes, 1024}, 1);
+      wgmma_m64nk16<T, BN>(d, SmemOperand{a + kk * 32, 16, 1024}, SmemOperand{b + kk * 2048, kBBoxBytes, 1024}, 1);
     wgmma_commit();
     wgmma_wait<1>();
     if (kt > 0 && t == 0) mbar_arrive(&empty[(kt - 1) % kStages]);
@@ -153,7 +165,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int64_t row = m0 + 64 * c + 16 * warp + lane / 4 + 8 * h;
     if (row >= p.M) continue;
     EMBER_UNROLL
-    for (int j = 0; j < kBlockN / 8; ++j) {
+    for (int j = 0; j < BN / 8; ++j) {
       const int64_t col = n0 + 8 * j + 2 * (lane % 4);
       if (col >= p.N) continue;
       uint16_t* dst = out + row * p.N + col;

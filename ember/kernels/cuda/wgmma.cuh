@@ -1,9 +1,9 @@
 // PTX wrappers of the Hopper GEMM (tc_gemm_sm90_kernel.cuh): mbarriers with transaction counts, TMA tile loads
-// (cp.async.bulk.tensor), warpgroup MMA (wgmma.mma_async m64n256k16, f32 accumulators, both operands in shared memory
+// (cp.async.bulk.tensor), warpgroup MMA (wgmma.mma_async m64nNk16 for N = 64, 128, 256, f32 accumulators, both operands in shared memory
 // through matrix descriptors) and the register reallocation of warp-specialised kernels (setmaxnreg).
 // Invariant: every body is sm_90a code (EMBER_HAS_WGMMA: wgmma and setmaxnreg need the arch-specific target, TMA and
 // transaction-count mbarriers sm_90) and compiles to nothing for other targets, where the launcher never runs the
-// kernel (wgmma_gemm_compiled). tests/harness/simt_emulator.h defines the same names for the CPU.
+// kernel (wgmma_gemm_supported). tests/harness/simt_emulator.h defines the same names for the CPU.
 #pragma once
 
 #include <cstdint>
@@ -130,6 +130,38 @@ __device__ __forceinline__ uint64_t smem_descriptor(const SmemOperand& op) {
          (static_cast<uint64_t>((op.sbo & 0x3FFFFu) >> 4) << 32) | (uint64_t{1} << 62);
 }
 
+#define EMBER_WGMMA_M64N64K16(TYPE) \
+  asm volatile( \
+  "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n" \
+  "wgmma.mma_async.sync.aligned.m64n64k16.f32." TYPE "." TYPE " {" \
+  "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, " \
+  "%21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31" \
+  "}, %32, %33, p, 1, 1, 0, 1;\n}\n" \
+  : \
+    "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), \
+    "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), \
+    "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), \
+    "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]) \
+  : "l"(desc_a), "l"(desc_b), "r"(scale_d))
+#define EMBER_WGMMA_M64N128K16(TYPE) \
+  asm volatile( \
+  "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n" \
+  "wgmma.mma_async.sync.aligned.m64n128k16.f32." TYPE "." TYPE " {" \
+  "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, " \
+  "%21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, " \
+  "%40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, " \
+  "%59, %60, %61, %62, %63" \
+  "}, %64, %65, p, 1, 1, 0, 1;\n}\n" \
+  : \
+    "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), \
+    "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), \
+    "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), \
+    "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), \
+    "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), \
+    "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), \
+    "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), \
+    "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]) \
+  : "l"(desc_a), "l"(desc_b), "r"(scale_d))
 #define EMBER_WGMMA_M64N256K16(TYPE) \
   asm volatile( \
   "{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n" \
@@ -161,24 +193,43 @@ __device__ __forceinline__ uint64_t smem_descriptor(const SmemOperand& op) {
     "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127]) \
   : "l"(desc_a), "l"(desc_b), "r"(scale_d))
 
-// d (64 x 256 per warpgroup, f32, fragment layout of Note [Hopper GEMM]) = a (64 x 16, K-major) @ b (16 x 256,
-// N-major) + (scale_d ? d : 0), asynchronously: wgmma_commit, then wgmma_wait, before d is read or a, b overwritten.
-template <class T>
-__device__ __forceinline__ void wgmma_m64n256k16(float (&d)[128], const SmemOperand& a, const SmemOperand& b,
-                                                 int scale_d) {
+// d (64 x N per warpgroup, f32, fragment layout of Note [Hopper GEMM]) = a (64 x 16, K-major) @ b (16 x N, N-major)
+// + (scale_d ? d : 0), for N = 64, 128 or 256, asynchronously: wgmma_commit, then wgmma_wait, before d is read or a,
+// b overwritten.
+template <class T, int N>
+__device__ __forceinline__ void wgmma_m64nk16(float (&d)[N / 2], const SmemOperand& a, const SmemOperand& b,
+                                              int scale_d) {
+  static_assert(N == 64 || N == 128 || N == 256, "N is 64, 128 or 256");
+  static_assert(std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>, "f16 or bf16 operands");
 #if defined(EMBER_HAS_WGMMA)
   const uint64_t desc_a = smem_descriptor(a), desc_b = smem_descriptor(b);
-  if constexpr (std::is_same_v<T, Half>) {
-    EMBER_WGMMA_M64N256K16("f16");
+  constexpr bool kHalf = std::is_same_v<T, Half>;
+  if constexpr (N == 64) {
+    if constexpr (kHalf) {
+      EMBER_WGMMA_M64N64K16("f16");
+    } else {
+      EMBER_WGMMA_M64N64K16("bf16");
+    }
+  } else if constexpr (N == 128) {
+    if constexpr (kHalf) {
+      EMBER_WGMMA_M64N128K16("f16");
+    } else {
+      EMBER_WGMMA_M64N128K16("bf16");
+    }
   } else {
-    static_assert(std::is_same_v<T, BFloat16>, "f16 or bf16 operands");
-    EMBER_WGMMA_M64N256K16("bf16");
+    if constexpr (kHalf) {
+      EMBER_WGMMA_M64N256K16("f16");
+    } else {
+      EMBER_WGMMA_M64N256K16("bf16");
+    }
   }
 #else
   (void)d, (void)a, (void)b, (void)scale_d;
-  __trap();  // not sm_90a code: the launcher never gets here (wgmma_gemm_compiled)
+  __trap();  // not sm_90a code: the launcher never gets here (wgmma_gemm_supported)
 #endif
 }
+#undef EMBER_WGMMA_M64N64K16
+#undef EMBER_WGMMA_M64N128K16
 #undef EMBER_WGMMA_M64N256K16
 #endif  // __CUDACC__ && !EMBER_SIMT_EMULATION
 
