@@ -278,6 +278,8 @@ inline void wgmma_fence() {}
 inline void wgmma_commit() {}
 template <int N>
 void wgmma_wait() {}
+template <int R>
+void wgmma_fence_operand(float (&)[R]) {}
 
 // wgmma.mma_async.m64nNk16.f32 (N = 64, 128, 256) with A K-major and B N-major (imm-trans-b 1), both in the 128-byte
 // swizzle mode: A[m][k] is read at swizzle_128b(a.start + (m / 8) * a.sbo + (m % 8) * 128 + 2 k), B[k][n] at

@@ -63,13 +63,14 @@ double normalised_error(const std::vector<double>& actual, const std::vector<dou
 constexpr double kMaxNormalisedError = 1e-2;
 
 // Runs tensor_core_gemm on `s` for `dtype` and compares with the float64 product of the rounded operands. With
-// `offset` each operand starts one element into its buffer (2 bytes: not 16-byte aligned), which forces the
+// `offset` each operand starts `offset` elements into its buffer: 1 (2 bytes: not 16-byte aligned) forces the
 // element-wise load path and unpaired stores.
-void check_gemm(DType dtype, const GemmShape& s, Device device, bool offset,
+void check_gemm(DType dtype, const GemmShape& s, Device device, int64_t offset,
                 cuda::TcGemmKernel kernel = cuda::TcGemmKernel::MmaSync) {
-  SCOPED_TRACE(detail::concat(dtype_name(dtype), " ", s.str(), offset ? " (operands at an odd element)" : "",
+  SCOPED_TRACE(detail::concat(dtype_name(dtype), " ", s.str(),
+                              offset ? detail::concat(" (operands at element ", offset, ")") : "",
                               kernel == cuda::TcGemmKernel::Wgmma ? " (wgmma)" : ""));
-  const int64_t o = offset ? 1 : 0;
+  const int64_t o = offset;
   const int64_t na = s.batch * s.M * s.K, nb = s.batch * s.K * s.N, no = s.batch * s.M * s.N;
   // Operands are rounded to the dtype first; the reference multiplies exactly those values.
   const Tensor a = rand_input({o + na}).to(dtype).to(device);
@@ -99,10 +100,10 @@ TEST_P(TensorCoreGemmTest, MatchesFloat64Reference) {
       {1, 64, 8, 2000},       // long K: many pipeline iterations, one narrow N tile
   };
   for (DType dtype : {DType::f16, DType::bf16}) {
-    for (const GemmShape& s : shapes) check_gemm(dtype, s, device(), /*offset=*/false);
+    for (const GemmShape& s : shapes) check_gemm(dtype, s, device(), /*offset=*/0);
     // Aligned shapes at unaligned addresses take the element-wise loads and unpaired stores.
-    check_gemm(dtype, {1, 128, 128, 32}, device(), /*offset=*/true);
-    check_gemm(dtype, {2, 96, 72, 200}, device(), /*offset=*/true);
+    check_gemm(dtype, {1, 128, 128, 32}, device(), /*offset=*/1);
+    check_gemm(dtype, {2, 96, 72, 200}, device(), /*offset=*/1);
   }
 }
 
@@ -129,11 +130,14 @@ TEST_P(TensorCoreGemmTest, WgmmaMatchesFloat64Reference) {
     for (int width : {64, 128, 256}) {
       cuda::set_wgmma_tile_width(width);
       SCOPED_TRACE(detail::concat("tile width ", width));
-      for (const GemmShape& s : shapes) check_gemm(dtype, s, device(), /*offset=*/false, cuda::TcGemmKernel::Wgmma);
+      for (const GemmShape& s : shapes) check_gemm(dtype, s, device(), /*offset=*/0, cuda::TcGemmKernel::Wgmma);
     }
     cuda::set_wgmma_tile_width(0);
-    check_gemm(dtype, {2, 96, 72, 200}, device(), /*offset=*/false, cuda::TcGemmKernel::Auto);
-    check_gemm(dtype, {2, 96, 72, 200}, device(), /*offset=*/true, cuda::TcGemmKernel::Auto);  // falls back
+    check_gemm(dtype, {2, 96, 72, 200}, device(), /*offset=*/0, cuda::TcGemmKernel::Auto);
+    check_gemm(dtype, {2, 96, 72, 200}, device(), /*offset=*/1, cuda::TcGemmKernel::Auto);  // falls back
+    // 16-byte aligned but not 128-byte aligned operands (TMA's global address needs 16 bytes; a swizzled map is
+    // documented in one place with 128).
+    for (int64_t o : {8, 24, 40}) check_gemm(dtype, {1, 72, 24, 72}, device(), o, cuda::TcGemmKernel::Wgmma);
   }
   EXPECT_THROW(cuda::tensor_core_gemm(DType::f16, 1, 8, 12, 8, nullptr, nullptr, nullptr,
                                       cuda::current_stream(device().index).get(), cuda::TcGemmKernel::Wgmma),
@@ -143,6 +147,62 @@ TEST_P(TensorCoreGemmTest, WgmmaMatchesFloat64Reference) {
   EXPECT_THROW(cuda::tensor_core_gemm(DType::f16, 1, 64, 12, 12, a.raw_data(), a.raw_data(), out.raw_data(),
                                       cuda::current_stream(device().index).get(), cuda::TcGemmKernel::Wgmma),
                ShapeError);  // K and N not multiples of 8
+}
+
+// Which operand element each output of one wgmma tile reads: with A a 0/1 selection (A[m][k] = 1 where k = m % 64)
+// out[m][n] is B[m % 64][n], and B filled with its own row (then column) index names the element read; likewise for A
+// with B a selection. Small integers are exact in f16. On a mismatch the first few sources are printed, which is
+// what a wrong descriptor stride or swizzle looks like (Note [Hopper GEMM]).
+TEST_P(TensorCoreGemmTest, WgmmaReadsTheDocumentedOperandLayouts) {
+  EMBER_SKIP_WITHOUT_CUDA();
+  if (!cuda::wgmma_gemm_supported(device().index))
+    GTEST_SKIP() << "the wgmma kernel needs sm_90 and a build with sm_90a code";
+  struct Reset {
+    ~Reset() { cuda::set_wgmma_tile_width(0); }
+  } reset;
+  constexpr int64_t M = 128, K = 64;
+  for (int64_t N : {int64_t{64}, int64_t{256}}) {
+    cuda::set_wgmma_tile_width(static_cast<int>(N));
+    // out = a @ b for f16 operands given by value functions.
+    auto product = [&](auto a_of, auto b_of) {
+      std::vector<float> a(M * K), b(K * N);
+      for (int64_t m = 0; m < M; ++m)
+        for (int64_t k = 0; k < K; ++k) a[m * K + k] = a_of(m, k);
+      for (int64_t k = 0; k < K; ++k)
+        for (int64_t n = 0; n < N; ++n) b[k * N + n] = b_of(k, n);
+      const Tensor ta = from_vector(a, {M, K}).to(DType::f16).to(device());
+      const Tensor tb = from_vector(b, {K, N}).to(DType::f16).to(device());
+      const Tensor out = empty({M, N}, {DType::f16, device()});
+      cuda::tensor_core_gemm(DType::f16, 1, M, N, K, ta.raw_data(), tb.raw_data(), out.raw_data(),
+                             cuda::current_stream(device().index).get(), cuda::TcGemmKernel::Wgmma);
+      return out.to_vector<double>();
+    };
+    auto select = [](int64_t r, int64_t c) { return r % 64 == c ? 1.0f : 0.0f; };
+    // B through A = selection: out[m][n] = B[m % 64][n].
+    const auto b_row = product(select, [](int64_t k, int64_t) { return static_cast<float>(k); });
+    const auto b_col = product(select, [](int64_t, int64_t n) { return static_cast<float>(n); });
+    // A through B = selection (B[k][n] = 1 where k = n % 64): out[m][n] = A[m][n % 64].
+    auto select_b = [](int64_t k, int64_t n) { return n % 64 == k ? 1.0f : 0.0f; };
+    const auto a_row = product([](int64_t m, int64_t) { return static_cast<float>(m); }, select_b);
+    const auto a_col = product([](int64_t, int64_t k) { return static_cast<float>(k); }, select_b);
+    int64_t b_bad = 0, a_bad = 0;
+    for (int64_t m = 0; m < M; ++m)
+      for (int64_t n = 0; n < N; ++n) {
+        const size_t i = static_cast<size_t>(m * N + n);
+        if (b_row[i] != static_cast<double>(m % 64) || b_col[i] != static_cast<double>(n)) {
+          if (b_bad++ < 8)
+            ADD_FAILURE() << "N " << N << ": out(" << m << ", " << n << ") read B(" << b_row[i] << ", " << b_col[i]
+                          << "), expected B(" << m % 64 << ", " << n << ")";
+        }
+        if (a_row[i] != static_cast<double>(m) || a_col[i] != static_cast<double>(n % 64)) {
+          if (a_bad++ < 8)
+            ADD_FAILURE() << "N " << N << ": out(" << m << ", " << n << ") read A(" << a_row[i] << ", " << a_col[i]
+                          << "), expected A(" << m << ", " << n % 64 << ")";
+        }
+      }
+    EXPECT_EQ(b_bad, 0) << "outputs whose B element is not the documented one, N " << N;
+    EXPECT_EQ(a_bad, 0) << "outputs whose A element is not the documented one, N " << N;
+  }
 }
 
 TEST_P(TensorCoreGemmTest, EmptyKGivesZeros) {

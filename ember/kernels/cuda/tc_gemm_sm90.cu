@@ -34,11 +34,18 @@ using sm90::WgmmaGemmParams;
 // The most shared memory a tile width's kernel takes (each about 193 KiB: 192 KiB of stages).
 constexpr size_t kSmemBytes = std::max({Tile<256>::kSmemBytes, Tile<128>::kSmemBytes, Tile<64>::kSmemBytes});
 
+// Raises the kernels' shared-memory limit; false when a kernel's register count is not the 168 that its setmaxnreg
+// split assumes (Note [Hopper GEMM], "Registers": fewer would hang the consumers).
 template <int BN>
-void set_smem_limit() {
-  for (auto* kernel : {wgmma_gemm_kernel<Half, BN>, wgmma_gemm_kernel<BFloat16, BN>})
+bool prepare_kernels() {
+  for (auto* kernel : {wgmma_gemm_kernel<Half, BN>, wgmma_gemm_kernel<BFloat16, BN>}) {
+    cudaFuncAttributes attributes{};
+    EMBER_CUDA_CHECK(cudaFuncGetAttributes(&attributes, kernel));
+    if (attributes.numRegs != 168) return false;
     EMBER_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                           static_cast<int>(Tile<BN>::kSmemBytes)));
+  }
+  return true;
 }
 
 constexpr int64_t kMaxGridY = 65535;
@@ -77,11 +84,7 @@ bool probe_device(int device) {
     ok = launch == cudaSuccess && cudaDeviceSynchronize() == cudaSuccess && *flag == 1;
     (void)cudaGetLastError();
     EMBER_CUDA_CHECK(cudaFreeHost(flag));
-    if (ok) {
-      set_smem_limit<256>();
-      set_smem_limit<128>();
-      set_smem_limit<64>();
-    }
+    ok = ok && prepare_kernels<256>() && prepare_kernels<128>() && prepare_kernels<64>();
     EMBER_CUDA_CHECK(cudaSetDevice(previous));
   }
   if (device >= static_cast<int>(state.size())) state.resize(static_cast<size_t>(device) + 1, -1);

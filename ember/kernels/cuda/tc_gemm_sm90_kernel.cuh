@@ -59,7 +59,9 @@ namespace ember::cuda::sm90 {
 // warp, repeated over N.
 //
 // Registers: __launch_bounds__(384, 1) caps ptxas at 168 per thread; setmaxnreg moves the producer to 40 and the
-// consumers to 232 (40 * 128 + 232 * 256 = 64512 <= 65536).
+// consumers to 232 (40 * 128 + 232 * 256 = 64512 = 168 * 384). setmaxnreg.inc waits until the block's pool has the
+// registers, so a kernel compiled to fewer than 168 would hang its consumers: the launcher reads the kernels' register
+// counts and keeps the kernel off (wgmma_gemm_supported false) unless every one is 168.
 constexpr int kBlockM = 128, kBlockK = 64, kGroupM = 8;
 constexpr int kThreads = 384;
 constexpr int kBoxN = 64;                             // N columns per B box (128 bytes)
@@ -141,6 +143,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   float d[BN / 2];
   EMBER_UNROLL
   for (int i = 0; i < BN / 2; ++i) d[i] = 0.0f;
+  wgmma_fence_operand(d);
   for (int kt = 0; kt < k_tiles; ++kt) {
     const int s = kt % kStages;
     while (!mbar_try_wait(&full[s], static_cast<unsigned>(kt / kStages) & 1u)) {
@@ -156,6 +159,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (kt > 0 && t == 0) mbar_arrive(&empty[(kt - 1) % kStages]);
   }
   wgmma_wait<0>();
+  wgmma_fence_operand(d);  // the epilogue's reads stay after the wait
 
   // Epilogue: registers -> global, rounded once, guarded by row < M and column < N.
   const int warp = t / 32, lane = t % 32;

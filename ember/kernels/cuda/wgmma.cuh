@@ -122,6 +122,14 @@ __device__ __forceinline__ void wgmma_wait() {
 #endif
 }
 
+// Keeps the compiler from moving accesses of the accumulators across this point (a wgmma in flight owns them until
+// its wgmma_wait): an empty asm that reads and writes every register of d.
+template <int R>
+__device__ __forceinline__ void wgmma_fence_operand(float (&d)[R]) {
+#pragma unroll
+  for (int i = 0; i < R; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+
 // The 64-bit matrix descriptor of `op` in the 128-byte swizzle mode (PTX ISA, "Matrix Descriptor Format"): start
 // address, LBO and SBO in 16-byte units (14 bits each), base offset 0 (atoms 1024-byte aligned), mode 1 in bits 62-63.
 __device__ __forceinline__ uint64_t smem_descriptor(const SmemOperand& op) {
