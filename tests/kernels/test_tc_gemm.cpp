@@ -108,7 +108,7 @@ TEST_P(TensorCoreGemmTest, MatchesFloat64Reference) {
 }
 
 // The Hopper kernel on shapes it takes (K, N multiples of 8, aligned operands) at each tile width: one tile, partial
-// tiles in M, N and K, batches, more k tiles than pipeline stages, several raster groups. Auto takes it too, and falls
+// tiles in M, N and K, batches, more k tiles than pipeline stages, several raster groups, more tiles than SMs. Auto takes it too, and falls
 // back to mma.sync where it does not apply.
 TEST_P(TensorCoreGemmTest, WgmmaMatchesFloat64Reference) {
   EMBER_SKIP_WITHOUT_CUDA();
@@ -125,6 +125,7 @@ TEST_P(TensorCoreGemmTest, WgmmaMatchesFloat64Reference) {
       {1, 1000, 1000, 1000},  // partial edge tiles, one raster group of 8 M tiles
       {1, 1100, 264, 64},     // 9 M tiles: a second, partial raster group
       {1, 64, 8, 2000},       // long K, one narrow N tile
+      {8, 256, 1024, 64},     // 64 to 256 tiles: persistent blocks take several each (132 SMs)
   };
   for (DType dtype : {DType::f16, DType::bf16}) {
     for (int width : {64, 128, 256}) {

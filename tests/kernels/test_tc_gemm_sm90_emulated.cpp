@@ -4,6 +4,7 @@
 // model, that model has no hardware-verified kernel behind it yet, so these tests check the kernel's own logic
 // (tiling, pipeline parities, tails, fragment layout) against the documented layouts, and TensorCoreGemmTest's Wgmma
 // cases check both on a GPU. Outputs are poisoned (NaN) first.
+#include <algorithm>
 #include <vector>
 
 #include "tests/harness/simt_emulator.h"
@@ -35,8 +36,9 @@ simt::TensorMap map_of(const void* base, int64_t batch, int64_t rows, int64_t co
   return m;
 }
 
+// `blocks` persistent blocks (the launcher's SM count) share the tiles.
 template <class T, int BN>
-void check_emulated_wgmma_gemm(const GemmShape& s, uint32_t seed) {
+void check_emulated_wgmma_gemm(const GemmShape& s, uint32_t seed, unsigned blocks = 132) {
   SCOPED_TRACE(::testing::Message() << (std::is_same_v<T, Half> ? "f16" : "bf16") << " BN " << BN << " batch "
                                     << s.batch << " M " << s.M << " N " << s.N << " K " << s.K);
   ASSERT_TRUE(s.K % 8 == 0 && s.N % 8 == 0) << "the launcher's conditions";
@@ -54,8 +56,9 @@ void check_emulated_wgmma_gemm(const GemmShape& s, uint32_t seed) {
   p.K = s.K;
   p.m_tiles = (s.M + sm90::kBlockM - 1) / sm90::kBlockM;
   p.n_tiles = (s.N + BN - 1) / BN;
+  p.tiles = s.batch * p.m_tiles * p.n_tiles;
   p.out_vec2 = reinterpret_cast<uintptr_t>(out.data()) % 4 == 0;
-  const simt::Dim3 grid{static_cast<unsigned>(p.m_tiles * p.n_tiles), static_cast<unsigned>(s.batch), 1};
+  const simt::Dim3 grid{static_cast<unsigned>(std::min<int64_t>(p.tiles, blocks)), 1, 1};
   simt::launch(
       grid, sm90::kThreads, [&] { sm90::wgmma_gemm_kernel<T, BN>(map_a, map_b, p); }, sm90::Tile<BN>::kSmemBytes);
 
@@ -81,6 +84,16 @@ TEST(WgmmaGemmEmulatedTest, PartialTilesAndBatchesMatchFloat64Products) {
   check_emulated_wgmma_gemm<BFloat16, 256>({1, 300, 520, 136}, 6u);  // 3 x 3 tiles in one raster group
   check_emulated_wgmma_gemm<BFloat16, 128>({2, 136, 200, 72}, 7u);   // 2 x 2 tiles, batch 2
   check_emulated_wgmma_gemm<Half, 64>({1, 1100, 72, 24}, 8u);        // 9 M tiles: a second, partial raster group
+}
+
+// Fewer persistent blocks than tiles: each block runs several tiles, its pipeline's rounds running on across them.
+TEST(WgmmaGemmEmulatedTest, PersistentBlocksCarryThePipelineAcrossTiles) {
+#if defined(__SANITIZE_THREAD__)
+  GTEST_SKIP() << "the emulator's fibers switch stacks, which ThreadSanitizer is not told about";
+#endif
+  check_emulated_wgmma_gemm<BFloat16, 256>({2, 200, 264, 136}, 9u, 3);  // 8 tiles on 3 blocks, 3 k tiles each
+  check_emulated_wgmma_gemm<Half, 64>({1, 256, 200, 72}, 10u, 2);       // 8 tiles on 2 blocks, 2 k tiles each
+  check_emulated_wgmma_gemm<Half, 128>({3, 130, 136, 8}, 11u, 1);       // 12 tiles of one k tile on one block
 }
 
 }  // namespace

@@ -1,6 +1,6 @@
 // The Hopper GEMM's launcher (tc_gemm_sm90.h): a probe of whether the build holds sm_90a code, the TMA tensor maps of
 // the operands (cuTensorMapEncodeTiled, fetched from the driver at run time so that nothing links libcuda), and the
-// launch over (tiles, batch chunks).
+// persistent launch (one block per SM at most).
 // Invariant: a device is checked once (capability, shared memory, the sm_90a probe), and the kernel only ever runs
 // after wgmma_gemm_applies accepted its operands.
 #include <cuda.h>
@@ -47,8 +47,6 @@ bool prepare_kernels() {
   }
   return true;
 }
-
-constexpr int64_t kMaxGridY = 65535;
 
 std::atomic<int> g_tile_width{0};  // set_wgmma_tile_width
 
@@ -143,22 +141,17 @@ bool wgmma_gemm_applies(int64_t M, int64_t N, int64_t K, const void* a, const vo
 namespace {
 
 template <int BN>
-void launch(DType dtype, int64_t batch, const CUtensorMap& map_a, const CUtensorMap& map_b, WgmmaGemmParams p,
-            cudaStream_t stream) {
+void launch(DType dtype, int64_t batch, int sm_count, const CUtensorMap& map_a, const CUtensorMap& map_b,
+            WgmmaGemmParams p, cudaStream_t stream) {
   p.n_tiles = (p.N + BN - 1) / BN;
-  const int64_t tiles = p.m_tiles * p.n_tiles;
-  EMBER_CHECK(tiles <= INT32_MAX, ShapeError, "wgmma_gemm: [", p.M, ", ", p.N, "] needs more than 2^31 - 1 blocks");
-  for (int64_t b0 = 0; b0 < batch; b0 += kMaxGridY) {
-    p.batch_begin = b0;
-    const dim3 grid(static_cast<unsigned>(tiles),
-                    static_cast<unsigned>(batch - b0 < kMaxGridY ? batch - b0 : kMaxGridY));
-    if (dtype == DType::f16) {
-      wgmma_gemm_kernel<Half, BN><<<grid, kThreads, Tile<BN>::kSmemBytes, stream>>>(map_a, map_b, p);
-    } else {
-      wgmma_gemm_kernel<BFloat16, BN><<<grid, kThreads, Tile<BN>::kSmemBytes, stream>>>(map_a, map_b, p);
-    }
-    EMBER_CUDA_LAUNCH_CHECK();
+  p.tiles = batch * p.m_tiles * p.n_tiles;
+  const unsigned grid = static_cast<unsigned>(p.tiles < sm_count ? p.tiles : sm_count);  // persistent blocks
+  if (dtype == DType::f16) {
+    wgmma_gemm_kernel<Half, BN><<<grid, kThreads, Tile<BN>::kSmemBytes, stream>>>(map_a, map_b, p);
+  } else {
+    wgmma_gemm_kernel<BFloat16, BN><<<grid, kThreads, Tile<BN>::kSmemBytes, stream>>>(map_a, map_b, p);
   }
+  EMBER_CUDA_LAUNCH_CHECK();
 }
 
 }  // namespace
@@ -184,8 +177,9 @@ void wgmma_gemm(DType dtype, int64_t batch, int64_t M, int64_t N, int64_t K, con
                 cudaStream_t stream) {
   int device = 0;
   EMBER_CUDA_CHECK(cudaGetDevice(&device));
+  const int sm_count = device_properties(device).sm_count;
   const int fixed = g_tile_width.load();
-  const int bn = fixed != 0 ? fixed : wgmma_tile_width(batch, M, N, device_properties(device).sm_count);
+  const int bn = fixed != 0 ? fixed : wgmma_tile_width(batch, M, N, sm_count);
   const CUtensorMap map_a = tensor_map(dtype, a, batch, M, K, kBlockK, kBlockM);
   const CUtensorMap map_b = tensor_map(dtype, b, batch, K, N, kBoxN, kBlockK);
   WgmmaGemmParams p{};
@@ -196,11 +190,11 @@ void wgmma_gemm(DType dtype, int64_t batch, int64_t M, int64_t N, int64_t K, con
   p.m_tiles = (M + kBlockM - 1) / kBlockM;
   p.out_vec2 = reinterpret_cast<uintptr_t>(out) % 4 == 0;  // N is even (a multiple of 8)
   if (bn == 256) {
-    launch<256>(dtype, batch, map_a, map_b, p, stream);
+    launch<256>(dtype, batch, sm_count, map_a, map_b, p, stream);
   } else if (bn == 128) {
-    launch<128>(dtype, batch, map_a, map_b, p, stream);
+    launch<128>(dtype, batch, sm_count, map_a, map_b, p, stream);
   } else {
-    launch<64>(dtype, batch, map_a, map_b, p, stream);
+    launch<64>(dtype, batch, sm_count, map_a, map_b, p, stream);
   }
 }
 

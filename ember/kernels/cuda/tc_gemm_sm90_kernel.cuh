@@ -20,11 +20,14 @@
 namespace ember::cuda::sm90 {
 
 // Note [Hopper GEMM]
-// Work split. One block of 384 threads (three warpgroups) computes a 128 x BN tile of out[b] = a[b] @ bm[b]:
+// Work split. One block of 384 threads (three warpgroups) computes 128 x BN tiles of out[b] = a[b] @ bm[b]:
 // warpgroup 0 is the producer (one thread issues every TMA load; setmaxnreg gives the group's registers away),
 // warpgroups 1 and 2 are consumers, each owning 64 rows of the tile and all BN columns as BN / 2 f32 accumulators per
-// thread (one wgmma m64nBNk16 per 16 of K). Tiles are rastered in groups of kGroupM M tiles (a wave of blocks then
-// shares a few A row-blocks and B column-blocks in L2); grid.y is the batch.
+// thread (one wgmma m64nBNk16 per 16 of K). The kernel is persistent: the grid is min(tiles, SMs) blocks (one fits
+// an SM), and block b takes tiles b, b + gridDim.x, ... of the batch-major order in which each batch's tiles go in
+// groups of kGroupM M tiles, column by column (a wave of blocks then shares a few A row-blocks and B column-blocks in
+// L2). The pipeline's stage counters run on across a block's tiles, so the producer loads the next tile's first
+// stages while the consumers write the previous one out.
 //
 // Tile width. BN = 256 loads (128 + 256) / 256 = 1.5 bytes of operands per output column and k against 3 at BN = 64
 // (A is shared by more columns), but a small product then has fewer tiles than the GPU has SMs. The launcher
@@ -48,10 +51,11 @@ namespace ember::cuda::sm90 {
 //
 // Pipeline. full[s] (count 1) completes when the producer has armed it with the stage's byte count
 // (arrive.expect_tx) and the TMA copies have delivered those bytes; empty[s] (count 2) completes when both consumers
-// have finished reading the stage. Phase parities: round r = kt / kStages waits full parity r & 1 and, for r > 0,
-// empty parity (r - 1) & 1. A consumer issues the 4 wgmma of stage kt, commits them as one group, waits until at
-// most one group is pending (so stage kt - 1's products are done) and releases stage kt - 1: the tensor cores always
-// have the next group queued.
+// have finished reading the stage. With it counting the block's k tiles over all its tiles, stage it % kStages in
+// round r = it / kStages waits full parity r & 1 and, for r > 0, empty parity (r - 1) & 1. A consumer issues the 4
+// wgmma of k tile it, commits them as one group, waits until at most one group is pending (so k tile it - 1's products
+// are done) and releases that stage: the tensor cores always have the next group queued. After a tile's last k tile
+// it waits for every group, releases the last stage, and only then runs the epilogue.
 //
 // Accumulator fragment of wgmma m64nNk16 (PTX ISA, "Matrix Fragments for wgmma.mma_async.m64nNk16"): thread t of
 // the warpgroup (warp w = t / 32, lane l) holds, for each 8-column block j, d[4j + 0..1] at row 16w + l / 4 and
@@ -82,9 +86,23 @@ struct WgmmaGemmParams {
   uint16_t* out;  // [batch, M, N] row-major, 16-bit elements
   int64_t M, N, K;
   int64_t m_tiles, n_tiles;
-  int64_t batch_begin;  // blockIdx.y + batch_begin is the batch index
-  bool out_vec2;        // 32-bit paired stores allowed (N even, out 4 B aligned)
+  int64_t tiles;  // batch * m_tiles * n_tiles
+  bool out_vec2;  // 32-bit paired stores allowed (N even, out 4 B aligned)
 };
+
+// Where tile `tile` (0 .. p.tiles - 1) lies: batch-major, then groups of kGroupM M tiles walked column by column.
+struct TileCoord {
+  int64_t batch, m0, n0;
+};
+template <int BN>
+EMBER_HD_INLINE TileCoord tile_coord(const WgmmaGemmParams& p, int64_t tile) {
+  const int64_t per_batch = p.m_tiles * p.n_tiles;
+  const int64_t batch = tile / per_batch, in_batch = tile % per_batch;
+  const int64_t per_group = int64_t{kGroupM} * p.n_tiles;
+  const int64_t first_m = in_batch / per_group * kGroupM;
+  const int64_t group_m = p.m_tiles - first_m < kGroupM ? p.m_tiles - first_m : kGroupM;
+  return {batch, (first_m + in_batch % per_group % group_m) * kBlockM, in_batch % per_group / group_m * BN};
+}
 
 template <class T, int BN>
 __global__ void __launch_bounds__(kThreads, 1)
@@ -101,12 +119,6 @@ __global__ void __launch_bounds__(kThreads, 1)
   auto stage_a = [&](int s) { return smem + static_cast<size_t>(s) * kStageBytes; };
   auto stage_b = [&](int s) { return smem + static_cast<size_t>(s) * kStageBytes + kABytes; };
 
-  const int64_t tile = blockIdx.x, per_group = int64_t{kGroupM} * p.n_tiles;
-  const int64_t first_m = tile / per_group * kGroupM;
-  const int64_t group_m = p.m_tiles - first_m < kGroupM ? p.m_tiles - first_m : kGroupM;
-  const int64_t m0 = (first_m + tile % per_group % group_m) * kBlockM;
-  const int64_t n0 = tile % per_group / group_m * BN;
-  const int64_t batch = p.batch_begin + blockIdx.y;
   const int k_tiles = static_cast<int>((p.K + kBlockK - 1) / kBlockK);
   const int wg = static_cast<int>(threadIdx.x) / 128, t = static_cast<int>(threadIdx.x) % 128;
 
@@ -122,17 +134,21 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (wg == 0) {  // producer
     setmaxnreg_dec<40>();
     if (t != 0) return;
-    for (int kt = 0; kt < k_tiles; ++kt) {
-      const int s = kt % kStages;
-      if (kt >= kStages) {
-        while (!mbar_try_wait(&empty[s], static_cast<unsigned>(kt / kStages - 1) & 1u)) {
+    int64_t it = 0;  // k tiles loaded so far, over every tile of this block
+    for (int64_t tile = blockIdx.x; tile < p.tiles; tile += gridDim.x) {
+      const TileCoord at = tile_coord<BN>(p, tile);
+      for (int kt = 0; kt < k_tiles; ++kt, ++it) {
+        const int s = static_cast<int>(it % kStages);
+        if (it >= kStages) {
+          while (!mbar_try_wait(&empty[s], static_cast<unsigned>(it / kStages - 1) & 1u)) {
+          }
         }
+        mbar_arrive_expect_tx(&full[s], kStageBytes);
+        tma_load_3d(stage_a(s), &map_a, kt * kBlockK, static_cast<int>(at.m0), static_cast<int>(at.batch), &full[s]);
+        for (int j = 0; j < BN / kBoxN; ++j)
+          tma_load_3d(stage_b(s) + j * kBBoxBytes, &map_b, static_cast<int>(at.n0) + j * kBoxN, kt * kBlockK,
+                      static_cast<int>(at.batch), &full[s]);
       }
-      mbar_arrive_expect_tx(&full[s], kStageBytes);
-      tma_load_3d(stage_a(s), &map_a, kt * kBlockK, static_cast<int>(m0), static_cast<int>(batch), &full[s]);
-      for (int j = 0; j < BN / kBoxN; ++j)
-        tma_load_3d(stage_b(s) + j * kBBoxBytes, &map_b, static_cast<int>(n0) + j * kBoxN, kt * kBlockK,
-                    static_cast<int>(batch), &full[s]);
     }
     return;
   }
@@ -140,45 +156,51 @@ __global__ void __launch_bounds__(kThreads, 1)
   // consumers
   setmaxnreg_inc<232>();
   const int c = wg - 1;
-  float d[BN / 2];
-  EMBER_UNROLL
-  for (int i = 0; i < BN / 2; ++i) d[i] = 0.0f;
-  wgmma_fence_operand(d);
-  for (int kt = 0; kt < k_tiles; ++kt) {
-    const int s = kt % kStages;
-    while (!mbar_try_wait(&full[s], static_cast<unsigned>(kt / kStages) & 1u)) {
-    }
-    const unsigned char* a = stage_a(s) + c * (64 * 128);
-    const unsigned char* b = stage_b(s);
-    wgmma_fence();
-    EMBER_UNROLL
-    for (int kk = 0; kk < kBlockK / 16; ++kk)
-      wgmma_m64nk16<T, BN>(d, SmemOperand{a + kk * 32, 16, 1024}, SmemOperand{b + kk * 2048, kBBoxBytes, 1024}, 1);
-    wgmma_commit();
-    wgmma_wait<1>();
-    if (kt > 0 && t == 0) mbar_arrive(&empty[(kt - 1) % kStages]);
-  }
-  wgmma_wait<0>();
-  wgmma_fence_operand(d);  // the epilogue's reads stay after the wait
-
-  // Epilogue: registers -> global, rounded once, guarded by row < M and column < N.
   const int warp = t / 32, lane = t % 32;
-  uint16_t* out = p.out + batch * p.M * p.N;
-  EMBER_UNROLL
-  for (int h = 0; h < 2; ++h) {
-    const int64_t row = m0 + 64 * c + 16 * warp + lane / 4 + 8 * h;
-    if (row >= p.M) continue;
+  int64_t it = 0;  // k tiles consumed so far, over every tile of this block
+  for (int64_t tile = blockIdx.x; tile < p.tiles; tile += gridDim.x) {
+    const TileCoord at = tile_coord<BN>(p, tile);
+    float d[BN / 2];
     EMBER_UNROLL
-    for (int j = 0; j < BN / 8; ++j) {
-      const int64_t col = n0 + 8 * j + 2 * (lane % 4);
-      if (col >= p.N) continue;
-      uint16_t* dst = out + row * p.N + col;
-      const uint32_t pair = pack2<T>(d[4 * j + 2 * h], d[4 * j + 2 * h + 1]);
-      if (p.out_vec2) {
-        *reinterpret_cast<uint32_t*>(dst) = pair;
-      } else {
-        dst[0] = static_cast<uint16_t>(pair & 0xffffu);
-        if (col + 1 < p.N) dst[1] = static_cast<uint16_t>(pair >> 16);
+    for (int i = 0; i < BN / 2; ++i) d[i] = 0.0f;
+    wgmma_fence_operand(d);
+    for (int kt = 0; kt < k_tiles; ++kt, ++it) {
+      const int s = static_cast<int>(it % kStages);
+      while (!mbar_try_wait(&full[s], static_cast<unsigned>(it / kStages) & 1u)) {
+      }
+      const unsigned char* a = stage_a(s) + c * (64 * 128);
+      const unsigned char* b = stage_b(s);
+      wgmma_fence();
+      EMBER_UNROLL
+      for (int kk = 0; kk < kBlockK / 16; ++kk)
+        wgmma_m64nk16<T, BN>(d, SmemOperand{a + kk * 32, 16, 1024}, SmemOperand{b + kk * 2048, kBBoxBytes, 1024}, 1);
+      wgmma_commit();
+      wgmma_wait<1>();
+      if (kt > 0 && t == 0) mbar_arrive(&empty[(it - 1) % kStages]);
+    }
+    wgmma_wait<0>();
+    wgmma_fence_operand(d);  // the epilogue's reads stay after the wait
+    // The tile's last stage is free: the producer fills the next tile's stages while this epilogue runs.
+    if (t == 0) mbar_arrive(&empty[(it - 1) % kStages]);
+
+    // Epilogue: registers -> global, rounded once, guarded by row < M and column < N.
+    uint16_t* out = p.out + at.batch * p.M * p.N;
+    EMBER_UNROLL
+    for (int h = 0; h < 2; ++h) {
+      const int64_t row = at.m0 + 64 * c + 16 * warp + lane / 4 + 8 * h;
+      if (row >= p.M) continue;
+      EMBER_UNROLL
+      for (int j = 0; j < BN / 8; ++j) {
+        const int64_t col = at.n0 + 8 * j + 2 * (lane % 4);
+        if (col >= p.N) continue;
+        uint16_t* dst = out + row * p.N + col;
+        const uint32_t pair = pack2<T>(d[4 * j + 2 * h], d[4 * j + 2 * h + 1]);
+        if (p.out_vec2) {
+          *reinterpret_cast<uint32_t*>(dst) = pair;
+        } else {
+          dst[0] = static_cast<uint16_t>(pair & 0xffffu);
+          if (col + 1 < p.N) dst[1] = static_cast<uint16_t>(pair >> 16);
+        }
       }
     }
   }
