@@ -193,30 +193,31 @@ int main(int argc, char** argv) {
   }
   if (!wgmma) return 0;
 
-  // The wgmma kernel at each fixed tile width against the width it picks by shape (Note [Hopper GEMM]).
+  // The wgmma kernel at each fixed tile width and cluster size, and what it picks by shape (Note [Hopper GEMM]).
+  const cuda::WgmmaConfig configs[5] = {{64, 1}, {128, 1}, {256, 1}, {128, 2}, {256, 2}};
   std::printf(
-      "\n| GEMM (M = N = K) | dtype | picked width | width 64 TFLOP/s | width 128 TFLOP/s | width 256 TFLOP/s |\n");
-  std::printf("|---:|---|---:|---:|---:|---:|\n");
+      "\n| GEMM (M = N = K) | dtype | picked (width, cluster) | 64 | 128 | 256 | 128, cluster 2 | 256, cluster 2 |\n");
+  std::printf("|---:|---|---|---:|---:|---:|---:|---:|\n");
   for (DType dt : {DType::f16, DType::bf16}) {
     for (int64_t s : sizes) {
       const Tensor a = randn({s, s}, f32).to(dt), b = randn({s, s}, f32).to(dt);
       Tensor c = empty({s, s}, {dt, dev});
       const int gemm_iters = static_cast<int>(std::max<int64_t>(5, (int64_t{1} << 38) / (s * s * s)));
       const double flop = 2.0 * static_cast<double>(s) * static_cast<double>(s) * static_cast<double>(s);
-      double tflops[3];
-      const int widths[3] = {64, 128, 256};
-      for (int w = 0; w < 3; ++w) {
-        cuda::set_wgmma_tile_width(widths[w]);
+      double tflops[5];
+      for (int i = 0; i < 5; ++i) {
+        cuda::set_wgmma_config(configs[i]);
         const double ms = median_ms(gemm_iters, [&] {
           cuda::tensor_core_gemm(dt, 1, s, s, s, a.raw_data(), b.raw_data(), c.raw_data(), stream,
                                  cuda::TcGemmKernel::Wgmma);
         });
-        tflops[w] = flop / (ms * 1e-3) / 1e12;
+        tflops[i] = flop / (ms * 1e-3) / 1e12;
       }
-      cuda::set_wgmma_tile_width(0);
-      std::printf("| %lld | %s | %d | %.1f | %.1f | %.1f |\n", static_cast<long long>(s), dtype_name(dt),
-                  cuda::wgmma_tile_width(1, s, s, cuda::device_properties(dev.index).sm_count), tflops[0], tflops[1],
-                  tflops[2]);
+      cuda::set_wgmma_config({});
+      const cuda::WgmmaConfig picked = cuda::wgmma_config_for(1, s, s, cuda::device_properties(dev.index).sm_count);
+      std::printf("| %lld | %s | %d, %d | %.1f | %.1f | %.1f | %.1f | %.1f |\n", static_cast<long long>(s),
+                  dtype_name(dt), picked.tile_width, picked.cluster, tflops[0], tflops[1], tflops[2], tflops[3],
+                  tflops[4]);
     }
   }
   return 0;

@@ -29,6 +29,7 @@ namespace ember::testing::simt {
 namespace {
 
 constexpr size_t kStackBytes = size_t{256} << 10;  // the kernels keep their register arrays on this stack
+constexpr size_t kSharedAlign = 4096;
 
 struct Barrier {
   unsigned arrived = 0;
@@ -45,6 +46,7 @@ struct Fiber {
   ucontext_t context{};
   std::unique_ptr<char[]> stack;
   ThreadIndex index;
+  unsigned cta = 0;  // rank of its block in the cluster
   bool done = false;
   void* fake_stack = nullptr;  // AddressSanitizer's, while switched out
 };
@@ -53,17 +55,20 @@ struct Scheduler {
   ucontext_t main{};
   std::vector<Fiber> fibers;
   size_t running = 0;
-  unsigned live = 0;  // fibers of the block not yet done
-  Barrier block;
+  unsigned live = 0;  // fibers of the running blocks not yet done
+  unsigned block_threads = 0, cluster_blocks = 1;
+  std::vector<Barrier> blocks;  // __syncthreads, per block of the cluster
+  Barrier cluster;              // barrier.cluster
   std::vector<Barrier> warps;
   std::vector<std::vector<char>> warp_slots;  // 32 contributions per warp
   std::vector<Barrier> warpgroups;
-  std::vector<std::vector<char>> warpgroup_slots;  // 128 contributions per warpgroup
+  std::vector<std::vector<char>> warpgroup_slots;       // 128 contributions per warpgroup
   std::unordered_map<const void*, Mbarrier> mbarriers;  // of the running block
-  uint64_t progress = 0;                      // barrier completions and finished fibers
+  uint64_t progress = 0;                                // barrier completions and finished fibers
   const std::function<void()>* kernel = nullptr;
-  std::unique_ptr<char[]> shared_bytes;  // dynamic shared memory, 128-byte aligned within
-  void* shared = nullptr;
+  size_t shared_size = 0;
+  std::vector<std::unique_ptr<char[]>> shared_bytes;  // dynamic shared memory per block of the cluster
+  std::vector<char*> shared;                          // 128-byte aligned within shared_bytes
   std::exception_ptr error;
   const void* main_bottom = nullptr;
   size_t main_size = 0;
@@ -131,13 +136,34 @@ const ThreadIndex& current() {
 
 void syncthreads() {
   Scheduler& s = scheduler();
-  arrive_and_wait(s.block, static_cast<unsigned>(s.fibers.size()));
+  arrive_and_wait(s.blocks[s.fibers[s.running].cta], s.block_threads);
+}
+
+unsigned cluster_ctarank() {
+  Scheduler& s = scheduler();
+  return s.fibers[s.running].cta;
+}
+
+void cluster_sync() {
+  Scheduler& s = scheduler();
+  arrive_and_wait(s.cluster, static_cast<unsigned>(s.fibers.size()));
+}
+
+void* map_shared(const void* p, unsigned rank) {
+  Scheduler& s = scheduler();
+  if (rank >= s.cluster_blocks)
+    throw SimtError("simt: mapa to rank " + std::to_string(rank) + " of a cluster of " +
+                    std::to_string(s.cluster_blocks));
+  const char* mine = s.shared[s.fibers[s.running].cta];
+  const char* q = static_cast<const char*>(p);
+  if (q < mine || q >= mine + s.shared_size) throw SimtError("simt: mapa of an address outside dynamic shared memory");
+  return s.shared[rank] + (q - mine);
 }
 
 void warp_exchange(const void* in, size_t bytes, void* all) {
   Scheduler& s = scheduler();
   const ThreadIndex& me = s.fibers[s.running].index;
-  const size_t warp = me.thread_idx.x / 32;
+  const size_t warp = s.running / 32;
   std::vector<char>& slots = s.warp_slots[warp];
   if (slots.size() < 32 * bytes) slots.resize(32 * bytes);
   std::memcpy(slots.data() + static_cast<size_t>(me.lane) * bytes, in, bytes);
@@ -175,7 +201,7 @@ void warp_collective(const void* in, size_t in_bytes, void* out, size_t out_byte
                      const std::function<void(const char* all_in, char* all_out)>& combine) {
   Scheduler& s = scheduler();
   const ThreadIndex& me = s.fibers[s.running].index;
-  const size_t warp = me.thread_idx.x / 32;
+  const size_t warp = s.running / 32;
   collective(s.warps[warp], s.warp_slots[warp], 32, static_cast<unsigned>(me.lane), in, in_bytes, out, out_bytes,
              combine);
 }
@@ -183,9 +209,10 @@ void warp_collective(const void* in, size_t in_bytes, void* out, size_t out_byte
 void warpgroup_collective(const void* in, size_t in_bytes, void* out, size_t out_bytes,
                           const std::function<void(const char* all_in, char* all_out)>& combine) {
   Scheduler& s = scheduler();
-  if (s.fibers.size() % 128 != 0) throw SimtError("simt: a warpgroup operation in a block of partial warpgroups");
-  const unsigned t = s.fibers[s.running].index.thread_idx.x;
-  collective(s.warpgroups[t / 128], s.warpgroup_slots[t / 128], 128, t % 128, in, in_bytes, out, out_bytes, combine);
+  if (s.block_threads % 128 != 0) throw SimtError("simt: a warpgroup operation in a block of partial warpgroups");
+  const size_t t = s.running;
+  collective(s.warpgroups[t / 128], s.warpgroup_slots[t / 128], 128, static_cast<unsigned>(t % 128), in, in_bytes, out,
+             out_bytes, combine);
 }
 
 void yield_now() { yield(); }
@@ -231,6 +258,11 @@ void mbarrier_complete_tx(void* bar, unsigned bytes) {
 
 bool mbarrier_test_parity(void* bar, unsigned parity) { return (mbarrier_at(bar).phase & 1u) != (parity & 1u); }
 
+void tma_load_multicast(void* dst, const TensorMap& map, const int (&c)[3], void* bar, uint16_t cta_mask) {
+  for (unsigned rank = 0; rank < 16; ++rank)
+    if (cta_mask & (1u << rank)) tma_load(map_shared(dst, rank), map, c, map_shared(bar, rank));
+}
+
 void tma_load(void* dst, const TensorMap& map, const int (&c)[3], void* bar) {
   if (reinterpret_cast<uintptr_t>(dst) % 128 != 0) throw SimtError("simt: a TMA destination is not 128-byte aligned");
   const uint64_t row_bytes = uint64_t{map.box[0]} * map.elem_bytes;
@@ -241,8 +273,8 @@ void tma_load(void* dst, const TensorMap& map, const int (&c)[3], void* bar) {
     for (uint32_t i1 = 0; i1 < map.box[1]; ++i1)
       for (uint32_t i0 = 0; i0 < map.box[0]; ++i0) {
         const int64_t g0 = int64_t{c[0]} + i0, g1 = int64_t{c[1]} + i1, g2 = int64_t{c[2]} + i2;
-        uintptr_t at = reinterpret_cast<uintptr_t>(out) + ((uint64_t{i2} * map.box[1] + i1) * map.box[0] + i0) *
-                                                              map.elem_bytes;
+        uintptr_t at =
+            reinterpret_cast<uintptr_t>(out) + ((uint64_t{i2} * map.box[1] + i1) * map.box[0] + i0) * map.elem_bytes;
         if (map.swizzle_128b) at = swizzle_128b(at);
         const bool inside = g0 >= 0 && g1 >= 0 && g2 >= 0 && static_cast<uint64_t>(g0) < map.dims[0] &&
                             static_cast<uint64_t>(g1) < map.dims[1] && static_cast<uint64_t>(g2) < map.dims[2];
@@ -257,41 +289,59 @@ void tma_load(void* dst, const TensorMap& map, const int (&c)[3], void* bar) {
   mbarrier_complete_tx(bar, static_cast<unsigned>(uint64_t{map.box[0]} * map.box[1] * map.box[2] * map.elem_bytes));
 }
 
-void* dynamic_shared() { return scheduler().shared; }
+void* dynamic_shared() {
+  Scheduler& s = scheduler();
+  return s.shared[s.fibers[s.running].cta];
+}
 
-void launch(Dim3 grid, unsigned block, const std::function<void()>& kernel, size_t dynamic_shared) {
+void launch(Dim3 grid, unsigned block, const std::function<void()>& kernel, size_t dynamic_shared, unsigned cluster) {
   if (block == 0 || block % 32 != 0 || block > 1024)
     throw SimtError("simt::launch: block size " + std::to_string(block) + " is not 1..32 whole warps");
+  if (cluster == 0 || cluster > 16 || grid.x % cluster != 0)
+    throw SimtError("simt::launch: clusters of " + std::to_string(cluster) +
+                    " blocks along x do not tile grid.x = " + std::to_string(grid.x));
   if (g_scheduler != nullptr) throw SimtError("simt::launch: a kernel is already running on this thread");
   Scheduler s;
   s.kernel = &kernel;
-  s.shared_bytes = std::make_unique<char[]>(dynamic_shared + 128);
-  std::memset(s.shared_bytes.get(), 0, dynamic_shared + 128);
-  s.shared = s.shared_bytes.get() + (128 - reinterpret_cast<uintptr_t>(s.shared_bytes.get()) % 128);
-  s.fibers.resize(block);
+  s.block_threads = block;
+  s.cluster_blocks = cluster;
+  s.shared_size = dynamic_shared;
+  // Every block's dynamic shared memory starts at the same alignment (4 KiB), as the same shared-memory window does on
+  // a GPU: a kernel that rounds its base up finds its variables at the same offsets in every block of a cluster.
+  for (unsigned r = 0; r < cluster; ++r) {
+    s.shared_bytes.push_back(std::make_unique<char[]>(dynamic_shared + kSharedAlign));
+    std::memset(s.shared_bytes.back().get(), 0, dynamic_shared + kSharedAlign);
+    char* base = s.shared_bytes.back().get();
+    s.shared.push_back(base + (kSharedAlign - reinterpret_cast<uintptr_t>(base) % kSharedAlign));
+  }
+  const unsigned threads = block * cluster;
+  s.fibers.resize(threads);
   for (Fiber& f : s.fibers) f.stack = std::make_unique<char[]>(kStackBytes);
-  s.warps.resize(block / 32);
-  s.warp_slots.resize(block / 32);
-  s.warpgroups.resize((block + 127) / 128);
-  s.warpgroup_slots.resize((block + 127) / 128);
+  s.blocks.resize(cluster);
+  s.warps.resize(threads / 32);
+  s.warp_slots.resize(threads / 32);
+  s.warpgroups.resize((threads + 127) / 128);
+  s.warpgroup_slots.resize((threads + 127) / 128);
   g_scheduler = &s;
   struct Reset {
     ~Reset() { g_scheduler = nullptr; }
   } reset;
   const uint64_t blocks = uint64_t{grid.x} * grid.y * grid.z;
-  for (uint64_t b = 0; b < blocks; ++b) {
-    const Dim3 block_idx{static_cast<unsigned>(b % grid.x), static_cast<unsigned>(b / grid.x % grid.y),
-                         static_cast<unsigned>(b / grid.x / grid.y)};
-    s.block = Barrier{};
+  for (uint64_t b0 = 0; b0 < blocks; b0 += cluster) {  // one cluster at a time, its blocks together
+    for (Barrier& w : s.blocks) w = Barrier{};
+    s.cluster = Barrier{};
     for (Barrier& w : s.warps) w = Barrier{};
     for (Barrier& w : s.warpgroups) w = Barrier{};
     s.mbarriers.clear();
-    for (unsigned i = 0; i < block; ++i) {
+    for (unsigned i = 0; i < threads; ++i) {
+      const uint64_t b = b0 + i / block;
       Fiber& f = s.fibers[i];
       f.done = false;
       f.fake_stack = nullptr;
-      f.index.thread_idx = {i, 0, 0};
-      f.index.block_idx = block_idx;
+      f.cta = i / block;
+      f.index.thread_idx = {i % block, 0, 0};
+      f.index.block_idx = {static_cast<unsigned>(b % grid.x), static_cast<unsigned>(b / grid.x % grid.y),
+                           static_cast<unsigned>(b / grid.x / grid.y)};
       f.index.block_dim = {block, 1, 1};
       f.index.grid_dim = grid;
       f.index.lane = static_cast<int>(i % 32);
@@ -301,7 +351,7 @@ void launch(Dim3 grid, unsigned block, const std::function<void()>& kernel, size
       f.context.uc_link = nullptr;
       makecontext(&f.context, fiber_entry, 0);
     }
-    s.live = block;
+    s.live = threads;
     while (s.live > 0) {
       const uint64_t before = s.progress;
       for (size_t i = 0; i < s.fibers.size(); ++i) {
@@ -321,7 +371,7 @@ void launch(Dim3 grid, unsigned block, const std::function<void()>& kernel, size
       // A whole round in which no barrier opened and no thread finished: everyone left waits for a thread that will
       // never arrive.
       if (s.live > 0 && s.progress == before)
-        throw SimtError("simt: deadlock in block " + std::to_string(b) + ": " + std::to_string(s.live) +
+        throw SimtError("simt: deadlock in block " + std::to_string(b0) + ": " + std::to_string(s.live) +
                         " threads wait at a barrier that the others do not reach");
     }
   }

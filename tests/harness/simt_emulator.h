@@ -1,8 +1,8 @@
 // A CPU emulator of the CUDA execution model, enough to run ember's warp-synchronous kernels on a machine without a
 // GPU: every thread of a block is a fiber (ucontext) on the calling thread, scheduled round-robin; __syncthreads,
 // the warp shuffles (xor, down), ldmatrix and mma.sync m16n8k16 are rendezvous points where a fiber yields until its
-// block (or warp) has arrived. Blocks of a launch run one after the other, so `__shared__` variables (defined here as
-// function-local statics) belong to the running block. Include this header, then the kernel header (it defines the CUDA
+// block (or warp) has arrived. Blocks of a launch run one after the other (a cluster's blocks together), so
+// `__shared__` variables (defined here as function-local statics) belong to the running block. Include this header, then the kernel header (it defines the CUDA
 // keywords the kernels use), and launch with simt::launch. Invariant: 1-D blocks of whole warps; a barrier
 // that not every live thread of the block (or warp) reaches is reported as a deadlock (SimtError), never hangs. What it
 // does not model: memory ordering between threads beyond the barriers, bank conflicts, timing, and any instruction not
@@ -40,9 +40,14 @@ struct ThreadIndex {
 const ThreadIndex& current();
 
 // Runs kernel() as grid.x * grid.y * grid.z blocks of `block` threads (a multiple of 32, at most 1024), with
-// `dynamic_shared` bytes of dynamic shared memory (EMBER_DYNAMIC_SHARED; 128-byte aligned, zeroed before the first
+// `dynamic_shared` bytes of dynamic shared memory (EMBER_DYNAMIC_SHARED; 4096-byte aligned, zeroed before the first
 // block). Throws SimtError on deadlock.
-void launch(Dim3 grid, unsigned block, const std::function<void()>& kernel, size_t dynamic_shared = 0);
+// With cluster > 1, grid.x is cut into clusters of `cluster` consecutive blocks that run together (their fibers
+// interleave), each with its own dynamic shared memory, so they can meet at cluster_sync and reach each other's shared
+// memory (map_shared). Function-static `__shared__` variables would be shared by a cluster's blocks: kernels launched
+// in clusters keep their shared state in dynamic shared memory.
+void launch(Dim3 grid, unsigned block, const std::function<void()>& kernel, size_t dynamic_shared = 0,
+            unsigned cluster = 1);
 inline void launch(unsigned grid, unsigned block, const std::function<void()>& kernel) {
   launch(Dim3{grid, 1, 1}, block, kernel);
 }
@@ -51,6 +56,12 @@ void* dynamic_shared();
 
 // Block-wide barrier of the running thread's block.
 void syncthreads();
+// Rank of the running thread's block in its cluster (%cluster_ctarank).
+unsigned cluster_ctarank();
+// barrier.cluster.arrive + wait: every thread of every block of the cluster.
+void cluster_sync();
+// mapa: the address in block `rank`'s dynamic shared memory at p's offset in the running block's.
+void* map_shared(const void* p, unsigned rank);
 // Every lane of the running thread's warp contributes `bytes` from `in`; once all 32 have, each receives the 32
 // contributions, lane order, in `all` (32 * bytes).
 void warp_exchange(const void* in, size_t bytes, void* all);
@@ -189,6 +200,8 @@ inline uintptr_t swizzle_128b(uintptr_t address) { return address ^ (((address >
 // row-major box, swizzled if the map says so; elements outside the tensor are zeros), then completes the box's bytes
 // on bar.
 void tma_load(void* dst, const TensorMap& map, const int (&c)[3], void* bar);
+// The same box into every block of the cluster whose bit is set in cta_mask, at dst's and bar's offsets there.
+void tma_load_multicast(void* dst, const TensorMap& map, const int (&c)[3], void* bar, uint16_t cta_mask);
 
 }  // namespace ember::testing::simt
 
@@ -267,6 +280,17 @@ inline bool mbar_try_wait(uint64_t* bar, unsigned parity) {
 inline void tma_load_3d(void* dst, const TmaDescriptor* map, int c0, int c1, int c2, uint64_t* bar) {
   const int c[3] = {c0, c1, c2};
   ::ember::testing::simt::tma_load(dst, *map, c, bar);
+}
+inline void tma_load_3d_multicast(void* dst, const TmaDescriptor* map, int c0, int c1, int c2, uint64_t* bar,
+                                  uint16_t cta_mask) {
+  const int c[3] = {c0, c1, c2};
+  ::ember::testing::simt::tma_load_multicast(dst, *map, c, bar, cta_mask);
+}
+inline unsigned cluster_ctarank() { return ::ember::testing::simt::cluster_ctarank(); }
+inline void cluster_sync() { ::ember::testing::simt::cluster_sync(); }
+// mbarrier.arrive on the barrier at bar's offset in block `rank` of the cluster (mapa + shared::cluster arrive).
+inline void mbar_arrive_cluster(uint64_t* bar, unsigned rank) {
+  ::ember::testing::simt::mbarrier_arrive(::ember::testing::simt::map_shared(bar, rank), 0);
 }
 template <int kRegs>
 void setmaxnreg_dec() {}

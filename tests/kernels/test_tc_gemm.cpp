@@ -107,15 +107,16 @@ TEST_P(TensorCoreGemmTest, MatchesFloat64Reference) {
   }
 }
 
-// The Hopper kernel on shapes it takes (K, N multiples of 8, aligned operands) at each tile width: one tile, partial
-// tiles in M, N and K, batches, more k tiles than pipeline stages, several raster groups, more tiles than SMs. Auto takes it too, and falls
+// The Hopper kernel on shapes it takes (K, N multiples of 8, aligned operands) at each tile width, alone and in
+// clusters of 2: one tile, partial tiles in M, N and K, batches, more k tiles than pipeline stages, several raster
+// groups, more tiles than SMs. Auto takes it too, and falls
 // back to mma.sync where it does not apply.
 TEST_P(TensorCoreGemmTest, WgmmaMatchesFloat64Reference) {
   EMBER_SKIP_WITHOUT_CUDA();
   if (!cuda::wgmma_gemm_supported(device().index))
     GTEST_SKIP() << "the wgmma kernel needs sm_90 and a build with sm_90a code";
   struct Reset {
-    ~Reset() { cuda::set_wgmma_tile_width(0); }
+    ~Reset() { cuda::set_wgmma_config({}); }
   } reset;
   const std::vector<GemmShape> shapes = {
       {1, 128, 256, 64},      // exactly one 256-wide tile and one k tile
@@ -128,12 +129,14 @@ TEST_P(TensorCoreGemmTest, WgmmaMatchesFloat64Reference) {
       {8, 256, 1024, 64},     // 64 to 256 tiles: persistent blocks take several each (132 SMs)
   };
   for (DType dtype : {DType::f16, DType::bf16}) {
-    for (int width : {64, 128, 256}) {
-      cuda::set_wgmma_tile_width(width);
-      SCOPED_TRACE(detail::concat("tile width ", width));
+    for (const cuda::WgmmaConfig config :
+         {cuda::WgmmaConfig{64, 1}, cuda::WgmmaConfig{128, 1}, cuda::WgmmaConfig{256, 1}, cuda::WgmmaConfig{128, 2},
+          cuda::WgmmaConfig{256, 2}}) {
+      cuda::set_wgmma_config(config);
+      SCOPED_TRACE(detail::concat("tile width ", config.tile_width, ", cluster ", config.cluster));
       for (const GemmShape& s : shapes) check_gemm(dtype, s, device(), /*offset=*/0, cuda::TcGemmKernel::Wgmma);
     }
-    cuda::set_wgmma_tile_width(0);
+    cuda::set_wgmma_config({});
     check_gemm(dtype, {2, 96, 72, 200}, device(), /*offset=*/0, cuda::TcGemmKernel::Auto);
     check_gemm(dtype, {2, 96, 72, 200}, device(), /*offset=*/1, cuda::TcGemmKernel::Auto);  // falls back
     // 16-byte aligned but not 128-byte aligned operands (TMA's global address needs 16 bytes; a swizzled map is
@@ -159,11 +162,11 @@ TEST_P(TensorCoreGemmTest, WgmmaReadsTheDocumentedOperandLayouts) {
   if (!cuda::wgmma_gemm_supported(device().index))
     GTEST_SKIP() << "the wgmma kernel needs sm_90 and a build with sm_90a code";
   struct Reset {
-    ~Reset() { cuda::set_wgmma_tile_width(0); }
+    ~Reset() { cuda::set_wgmma_config({}); }
   } reset;
   constexpr int64_t M = 128, K = 64;
   for (int64_t N : {int64_t{64}, int64_t{256}}) {
-    cuda::set_wgmma_tile_width(static_cast<int>(N));
+    cuda::set_wgmma_config({static_cast<int>(N), 1});
     // out = a @ b for f16 operands given by value functions.
     auto product = [&](auto a_of, auto b_of) {
       std::vector<float> a(M * K), b(K * N);
@@ -237,7 +240,17 @@ TEST(TensorCoreGemmHost, WgmmaTileWidthFillsTheSms) {
   EXPECT_EQ(cuda::wgmma_tile_width(1, 8192, 8192, 132), 256);   // 16 waves x 384 < 63 waves x 192
   EXPECT_EQ(cuda::wgmma_tile_width(12, 1024, 1024, 132), 256);  // the batch fills the waves
   EXPECT_EQ(cuda::wgmma_tile_width(1, 128, 64, 132), 64);
-  EXPECT_THROW(cuda::set_wgmma_tile_width(96), ValueError);
+  EXPECT_THROW(cuda::set_wgmma_config({96, 1}), ValueError);
+  EXPECT_THROW(cuda::set_wgmma_config({128, 3}), ValueError);
+  EXPECT_THROW(cuda::set_wgmma_config({64, 2}), ValueError);  // a cluster splits B's boxes; width 64 has one
+  // By shape: clusters of 2 for widths 128 and 256 when M spans more than one tile.
+  const cuda::WgmmaConfig big = cuda::wgmma_config_for(1, 4096, 4096, 132);
+  EXPECT_EQ(big.tile_width, 256);
+  EXPECT_EQ(big.cluster, 2);
+  const cuda::WgmmaConfig small = cuda::wgmma_config_for(1, 1024, 1024, 132);
+  EXPECT_EQ(small.tile_width, 64);
+  EXPECT_EQ(small.cluster, 1);
+  EXPECT_EQ(cuda::wgmma_config_for(1, 128, 4096, 132).cluster, 1);  // one M tile: nothing to share
 }
 
 #else

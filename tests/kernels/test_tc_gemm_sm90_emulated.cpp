@@ -36,11 +36,12 @@ simt::TensorMap map_of(const void* base, int64_t batch, int64_t rows, int64_t co
   return m;
 }
 
-// `blocks` persistent blocks (the launcher's SM count) share the tiles.
-template <class T, int BN>
-void check_emulated_wgmma_gemm(const GemmShape& s, uint32_t seed, unsigned blocks = 132) {
-  SCOPED_TRACE(::testing::Message() << (std::is_same_v<T, Half> ? "f16" : "bf16") << " BN " << BN << " batch "
-                                    << s.batch << " M " << s.M << " N " << s.N << " K " << s.K);
+// `units` persistent blocks (or clusters of kCluster blocks; the launcher's SM or cluster count) share the tiles.
+template <class T, int BN, int kCluster = 1>
+void check_emulated_wgmma_gemm(const GemmShape& s, uint32_t seed, unsigned units = 132) {
+  SCOPED_TRACE(::testing::Message() << (std::is_same_v<T, Half> ? "f16" : "bf16") << " BN " << BN << " cluster "
+                                    << kCluster << " batch " << s.batch << " M " << s.M << " N " << s.N << " K "
+                                    << s.K);
   ASSERT_TRUE(s.K % 8 == 0 && s.N % 8 == 0) << "the launcher's conditions";
   const auto [a_bits, a] = random_16bit<T>(static_cast<size_t>(s.batch * s.M * s.K), seed);
   const auto [b_bits, b] = random_16bit<T>(static_cast<size_t>(s.batch * s.K * s.N), seed);
@@ -54,13 +55,14 @@ void check_emulated_wgmma_gemm(const GemmShape& s, uint32_t seed, unsigned block
   p.M = s.M;
   p.N = s.N;
   p.K = s.K;
-  p.m_tiles = (s.M + sm90::kBlockM - 1) / sm90::kBlockM;
+  p.m_tiles = (s.M + sm90::kBlockM * kCluster - 1) / (sm90::kBlockM * kCluster);
   p.n_tiles = (s.N + BN - 1) / BN;
   p.tiles = s.batch * p.m_tiles * p.n_tiles;
   p.out_vec2 = reinterpret_cast<uintptr_t>(out.data()) % 4 == 0;
-  const simt::Dim3 grid{static_cast<unsigned>(std::min<int64_t>(p.tiles, blocks)), 1, 1};
+  const simt::Dim3 grid{static_cast<unsigned>(std::min<int64_t>(p.tiles, units) * kCluster), 1, 1};
   simt::launch(
-      grid, sm90::kThreads, [&] { sm90::wgmma_gemm_kernel<T, BN>(map_a, map_b, p); }, sm90::Tile<BN>::kSmemBytes);
+      grid, sm90::kThreads, [&] { sm90::wgmma_gemm_kernel<T, BN, kCluster>(map_a, map_b, p); },
+      sm90::Tile<BN>::kSmemBytes, kCluster);
 
   // One rounding to 16 bits of an f32 sum (TensorCoreGemmTest's tolerance); a layout error is of order 1.
   EXPECT_LE(normalised_error<T>(out, expected), 1e-2);
@@ -94,6 +96,18 @@ TEST(WgmmaGemmEmulatedTest, PersistentBlocksCarryThePipelineAcrossTiles) {
   check_emulated_wgmma_gemm<BFloat16, 256>({2, 200, 264, 136}, 9u, 3);  // 8 tiles on 3 blocks, 3 k tiles each
   check_emulated_wgmma_gemm<Half, 64>({1, 256, 200, 72}, 10u, 2);       // 8 tiles on 2 blocks, 2 k tiles each
   check_emulated_wgmma_gemm<Half, 128>({3, 130, 136, 8}, 11u, 1);       // 12 tiles of one k tile on one block
+}
+
+// Clusters of 2 blocks along M: each loads its A rows and half of B's boxes, multicast to both; a stage is reloaded
+// only when the consumers of both blocks have released it.
+TEST(WgmmaGemmEmulatedTest, ClustersShareBByMulticast) {
+#if defined(__SANITIZE_THREAD__)
+  GTEST_SKIP() << "the emulator's fibers switch stacks, which ThreadSanitizer is not told about";
+#endif
+  check_emulated_wgmma_gemm<BFloat16, 256, 2>({1, 256, 256, 320}, 12u);    // one cluster tile, 5 k tiles on 4 stages
+  check_emulated_wgmma_gemm<Half, 256, 2>({2, 200, 264, 136}, 13u, 2);     // rank 1 past M in part; 4 tiles, 2 clusters
+  check_emulated_wgmma_gemm<Half, 128, 2>({1, 130, 200, 456}, 14u, 1);     // 2 tiles on one cluster, 8 k tiles each
+  check_emulated_wgmma_gemm<BFloat16, 128, 2>({3, 100, 136, 24}, 15u, 2);  // rank 1 wholly past M: zeros, no stores
 }
 
 }  // namespace

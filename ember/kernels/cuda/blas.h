@@ -56,8 +56,13 @@ void tensor_core_gemm(DType dtype, int64_t batch, int64_t M, int64_t N, int64_t 
 // Whether the Hopper kernel can run on `device`: compute capability 9.x, enough shared memory, and sm_90a code in
 // this build (CMAKE_CUDA_ARCHITECTURES 90a; a plain 90 build lacks wgmma). Checked once per device by a probe kernel.
 bool wgmma_gemm_supported(int device);
-// The Hopper kernel's tile width (N columns per block): 0 (the default) picks it per product from the SM count
-// (Note [Hopper GEMM], "Tile width"); 64, 128 or 256 fixes it for the process (tests, benchmarks). ValueError otherwise.
-void set_wgmma_tile_width(int n);
+// The Hopper kernel's tile width (N columns per block: 64, 128 or 256) and cluster size (1, or 2 blocks along M that
+// share B's loads by multicast); 0 picks per product (Note [Hopper GEMM], "Tile width" and "Clusters"). Set for the
+// process (tests, benchmarks); ValueError for other values or a cluster of 2 at width 64.
+struct WgmmaConfig {
+  int tile_width = 0;
+  int cluster = 0;
+};
+void set_wgmma_config(const WgmmaConfig& config);
 
 }  // namespace ember::cuda

@@ -1,6 +1,6 @@
 // The Hopper GEMM's launcher (tc_gemm_sm90.h): a probe of whether the build holds sm_90a code, the TMA tensor maps of
-// the operands (cuTensorMapEncodeTiled, fetched from the driver at run time so that nothing links libcuda), and the
-// persistent launch (one block per SM at most).
+// the operands (cuTensorMapEncodeTiled, fetched from the driver at run time so that nothing links libcuda), the choice
+// of tile width and cluster, and the persistent launch (one block per SM, or as many clusters as fit at once).
 // Invariant: a device is checked once (capability, shared memory, the sm_90a probe), and the kernel only ever runs
 // after wgmma_gemm_applies accepted its operands.
 #include <cuda.h>
@@ -34,11 +34,11 @@ using sm90::WgmmaGemmParams;
 // The most shared memory a tile width's kernel takes (each about 193 KiB: 192 KiB of stages).
 constexpr size_t kSmemBytes = std::max({Tile<256>::kSmemBytes, Tile<128>::kSmemBytes, Tile<64>::kSmemBytes});
 
-// Raises the kernels' shared-memory limit; false when a kernel's register count is not the 168 that its setmaxnreg
-// split assumes (Note [Hopper GEMM], "Registers": fewer would hang the consumers).
-template <int BN>
+// Raises a kernel's shared-memory limit; false when its register count is not the 168 that its setmaxnreg split
+// assumes (Note [Hopper GEMM], "Registers": fewer would hang the consumers).
+template <int BN, int kCluster>
 bool prepare_kernels() {
-  for (auto* kernel : {wgmma_gemm_kernel<Half, BN>, wgmma_gemm_kernel<BFloat16, BN>}) {
+  for (auto* kernel : {wgmma_gemm_kernel<Half, BN, kCluster>, wgmma_gemm_kernel<BFloat16, BN, kCluster>}) {
     cudaFuncAttributes attributes{};
     EMBER_CUDA_CHECK(cudaFuncGetAttributes(&attributes, kernel));
     if (attributes.numRegs != 168) return false;
@@ -48,7 +48,41 @@ bool prepare_kernels() {
   return true;
 }
 
-std::atomic<int> g_tile_width{0};  // set_wgmma_tile_width
+// A launch configuration of `grid` blocks of the kernel, in clusters of kCluster along x.
+template <int BN, int kCluster>
+struct ClusterLaunch {
+  cudaLaunchAttribute attribute{};
+  cudaLaunchConfig_t config{};
+  ClusterLaunch(unsigned grid, cudaStream_t stream) {
+    attribute.id = cudaLaunchAttributeClusterDimension;
+    attribute.val.clusterDim.x = kCluster;
+    attribute.val.clusterDim.y = 1;
+    attribute.val.clusterDim.z = 1;
+    config.gridDim = dim3(grid);
+    config.blockDim = dim3(kThreads);
+    config.dynamicSmemBytes = Tile<BN>::kSmemBytes;
+    config.stream = stream;
+    config.attrs = &attribute;
+    config.numAttrs = 1;
+  }
+};
+
+// How many clusters of 2 blocks of the BN-wide kernel fit on the device at once (GPCs pair SMs unevenly, so this can
+// be below half the SM count).
+template <int BN>
+int max_active_clusters() {
+  ClusterLaunch<BN, 2> launch(2, nullptr);
+  int clusters = 0;
+  EMBER_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&clusters, wgmma_gemm_kernel<Half, BN, 2>, &launch.config));
+  return clusters;
+}
+
+struct DeviceState {
+  int8_t ok = -1;                          // -1 unknown, 0 no, 1 yes
+  int clusters_128 = 0, clusters_256 = 0;  // max_active_clusters
+};
+
+std::atomic<int> g_tile_width{0}, g_cluster{0};  // set_wgmma_config
 
 // Writes 1 when this image of the module was compiled for sm_90a (wgmma), else 0.
 __global__ void wgmma_probe_kernel(int* flag) {
@@ -59,15 +93,16 @@ __global__ void wgmma_probe_kernel(int* flag) {
 #endif
 }
 
-// Runs the probe once on `device` (a one-time synchronisation), raises the kernels' shared-memory limit when the
-// device qualifies, and caches the answer.
-bool probe_device(int device) {
+// Runs the probe once on `device` (a one-time synchronisation), prepares the kernels when the device qualifies, and
+// caches the answer with the devices' cluster capacities.
+const DeviceState& probe_device(int device) {
   static std::mutex mu;
-  static std::vector<int8_t> state;  // -1 unknown, 0 no, 1 yes
+  static std::vector<DeviceState> state;
   std::lock_guard<std::mutex> lock(mu);
-  if (device < static_cast<int>(state.size()) && state[static_cast<size_t>(device)] >= 0)
-    return state[static_cast<size_t>(device)] == 1;
-  bool ok = false;
+  if (device < static_cast<int>(state.size()) && state[static_cast<size_t>(device)].ok >= 0)
+    return state[static_cast<size_t>(device)];
+  DeviceState st;
+  st.ok = 0;
   const DeviceProperties& props = device_properties(device);
   if (props.major == 9 && props.shared_memory_per_block_optin >= static_cast<int64_t>(kSmemBytes)) {
     int previous = 0;
@@ -79,15 +114,21 @@ bool probe_device(int device) {
     wgmma_probe_kernel<<<1, 1>>>(flag);
     // A build without code for this device fails the launch (no kernel image): that is a "no", not an error.
     const cudaError_t launch = cudaGetLastError();
-    ok = launch == cudaSuccess && cudaDeviceSynchronize() == cudaSuccess && *flag == 1;
+    bool ok = launch == cudaSuccess && cudaDeviceSynchronize() == cudaSuccess && *flag == 1;
     (void)cudaGetLastError();
     EMBER_CUDA_CHECK(cudaFreeHost(flag));
-    ok = ok && prepare_kernels<256>() && prepare_kernels<128>() && prepare_kernels<64>();
+    ok = ok && prepare_kernels<256, 1>() && prepare_kernels<128, 1>() && prepare_kernels<64, 1>() &&
+         prepare_kernels<256, 2>() && prepare_kernels<128, 2>();
+    if (ok) {
+      st.clusters_128 = max_active_clusters<128>();
+      st.clusters_256 = max_active_clusters<256>();
+    }
+    st.ok = ok ? 1 : 0;
     EMBER_CUDA_CHECK(cudaSetDevice(previous));
   }
-  if (device >= static_cast<int>(state.size())) state.resize(static_cast<size_t>(device) + 1, -1);
-  state[static_cast<size_t>(device)] = ok ? 1 : 0;
-  return ok;
+  if (device >= static_cast<int>(state.size())) state.resize(static_cast<size_t>(device) + 1);
+  state[static_cast<size_t>(device)] = st;
+  return state[static_cast<size_t>(device)];
 }
 
 PFN_cuTensorMapEncodeTiled_v12000 encode_tiled() {
@@ -125,33 +166,49 @@ bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0;
 
 }  // namespace
 
-bool wgmma_gemm_supported(int device) { return probe_device(device); }
+bool wgmma_gemm_supported(int device) { return probe_device(device).ok == 1; }
 
-void set_wgmma_tile_width(int n) {
-  EMBER_CHECK(n == 0 || n == 64 || n == 128 || n == 256, ValueError, "set_wgmma_tile_width: ", n,
-              " is not 0 (by shape), 64, 128 or 256");
-  g_tile_width.store(n);
+void set_wgmma_config(const WgmmaConfig& config) {
+  EMBER_CHECK(config.tile_width == 0 || config.tile_width == 64 || config.tile_width == 128 || config.tile_width == 256,
+              ValueError, "set_wgmma_config: tile width ", config.tile_width, " is not 0 (by shape), 64, 128 or 256");
+  EMBER_CHECK(config.cluster >= 0 && config.cluster <= 2, ValueError, "set_wgmma_config: cluster ", config.cluster,
+              " is not 0 (by shape), 1 or 2");
+  EMBER_CHECK(!(config.cluster == 2 && config.tile_width == 64), ValueError,
+              "set_wgmma_config: a cluster of 2 splits the B boxes of a tile; width 64 has one");
+  g_tile_width.store(config.tile_width);
+  g_cluster.store(config.cluster);
 }
 
 bool wgmma_gemm_applies(int64_t M, int64_t N, int64_t K, const void* a, const void* b, int device) {
   return K % 8 == 0 && N % 8 == 0 && aligned16(a) && aligned16(b) && M < INT32_MAX && N < INT32_MAX && K < INT32_MAX &&
-         probe_device(device);
+         wgmma_gemm_supported(device);
 }
 
 namespace {
 
-template <int BN>
-void launch(DType dtype, int64_t batch, int sm_count, const CUtensorMap& map_a, const CUtensorMap& map_b,
+template <int BN, int kCluster>
+void launch(DType dtype, int64_t batch, int max_clusters, const CUtensorMap& map_a, const CUtensorMap& map_b,
             WgmmaGemmParams p, cudaStream_t stream) {
+  p.m_tiles = (p.M + int64_t{kBlockM} * kCluster - 1) / (int64_t{kBlockM} * kCluster);
   p.n_tiles = (p.N + BN - 1) / BN;
   p.tiles = batch * p.m_tiles * p.n_tiles;
-  const unsigned grid = static_cast<unsigned>(p.tiles < sm_count ? p.tiles : sm_count);  // persistent blocks
-  if (dtype == DType::f16) {
-    wgmma_gemm_kernel<Half, BN><<<grid, kThreads, Tile<BN>::kSmemBytes, stream>>>(map_a, map_b, p);
+  // Persistent clusters: as many as run at once, or one per tile.
+  const unsigned grid = static_cast<unsigned>((p.tiles < max_clusters ? p.tiles : max_clusters) * kCluster);
+  if constexpr (kCluster == 1) {
+    if (dtype == DType::f16) {
+      wgmma_gemm_kernel<Half, BN, 1><<<grid, kThreads, Tile<BN>::kSmemBytes, stream>>>(map_a, map_b, p);
+    } else {
+      wgmma_gemm_kernel<BFloat16, BN, 1><<<grid, kThreads, Tile<BN>::kSmemBytes, stream>>>(map_a, map_b, p);
+    }
+    EMBER_CUDA_LAUNCH_CHECK();
   } else {
-    wgmma_gemm_kernel<BFloat16, BN><<<grid, kThreads, Tile<BN>::kSmemBytes, stream>>>(map_a, map_b, p);
+    ClusterLaunch<BN, kCluster> launch(grid, stream);
+    if (dtype == DType::f16) {
+      EMBER_CUDA_CHECK(cudaLaunchKernelEx(&launch.config, wgmma_gemm_kernel<Half, BN, kCluster>, map_a, map_b, p));
+    } else {
+      EMBER_CUDA_CHECK(cudaLaunchKernelEx(&launch.config, wgmma_gemm_kernel<BFloat16, BN, kCluster>, map_a, map_b, p));
+    }
   }
-  EMBER_CUDA_LAUNCH_CHECK();
 }
 
 }  // namespace
@@ -173,13 +230,24 @@ int wgmma_tile_width(int64_t batch, int64_t M, int64_t N, int sm_count) {
   return best;
 }
 
+WgmmaConfig wgmma_config_for(int64_t batch, int64_t M, int64_t N, int sm_count) {
+  WgmmaConfig c{g_tile_width.load(), g_cluster.load()};
+  if (c.tile_width == 0) {
+    c.tile_width = wgmma_tile_width(batch, M, N, sm_count);
+    if (c.cluster == 2 && c.tile_width == 64) c.tile_width = 128;
+  }
+  if (c.cluster == 0) c.cluster = c.tile_width >= 128 && M > kBlockM ? 2 : 1;
+  return c;
+}
+
 void wgmma_gemm(DType dtype, int64_t batch, int64_t M, int64_t N, int64_t K, const void* a, const void* b, void* out,
                 cudaStream_t stream) {
   int device = 0;
   EMBER_CUDA_CHECK(cudaGetDevice(&device));
+  const DeviceState& st = probe_device(device);
   const int sm_count = device_properties(device).sm_count;
-  const int fixed = g_tile_width.load();
-  const int bn = fixed != 0 ? fixed : wgmma_tile_width(batch, M, N, sm_count);
+  WgmmaConfig c = wgmma_config_for(batch, M, N, sm_count);
+  if (c.cluster == 2 && (c.tile_width == 256 ? st.clusters_256 : st.clusters_128) == 0) c.cluster = 1;  // none fits
   const CUtensorMap map_a = tensor_map(dtype, a, batch, M, K, kBlockK, kBlockM);
   const CUtensorMap map_b = tensor_map(dtype, b, batch, K, N, kBoxN, kBlockK);
   WgmmaGemmParams p{};
@@ -187,14 +255,19 @@ void wgmma_gemm(DType dtype, int64_t batch, int64_t M, int64_t N, int64_t K, con
   p.M = M;
   p.N = N;
   p.K = K;
-  p.m_tiles = (M + kBlockM - 1) / kBlockM;
   p.out_vec2 = reinterpret_cast<uintptr_t>(out) % 4 == 0;  // N is even (a multiple of 8)
-  if (bn == 256) {
-    launch<256>(dtype, batch, sm_count, map_a, map_b, p, stream);
-  } else if (bn == 128) {
-    launch<128>(dtype, batch, sm_count, map_a, map_b, p, stream);
+  if (c.cluster == 2) {
+    if (c.tile_width == 256) {
+      launch<256, 2>(dtype, batch, st.clusters_256, map_a, map_b, p, stream);
+    } else {
+      launch<128, 2>(dtype, batch, st.clusters_128, map_a, map_b, p, stream);
+    }
+  } else if (c.tile_width == 256) {
+    launch<256, 1>(dtype, batch, sm_count, map_a, map_b, p, stream);
+  } else if (c.tile_width == 128) {
+    launch<128, 1>(dtype, batch, sm_count, map_a, map_b, p, stream);
   } else {
-    launch<64>(dtype, batch, sm_count, map_a, map_b, p, stream);
+    launch<64, 1>(dtype, batch, sm_count, map_a, map_b, p, stream);
   }
 }
 

@@ -8,6 +8,7 @@
 #include <cstdint>
 
 #include "ember/core/dtype.h"
+#include "ember/kernels/cuda/blas.h"
 
 namespace ember::cuda {
 
@@ -18,6 +19,10 @@ bool wgmma_gemm_applies(int64_t M, int64_t N, int64_t K, const void* a, const vo
 // The tile width (N columns per block: 256, 128 or 64) for a product on `sm_count` SMs: the fewest waves times bytes
 // loaded per tile and k step (128 + width), the widest on a tie (Note [Hopper GEMM], "Tile width").
 int wgmma_tile_width(int64_t batch, int64_t M, int64_t N, int sm_count);
+
+// The tile width and cluster size a product of this shape runs with: set_wgmma_config's fixed values, else the tile
+// width above and clusters of 2 (B shared by multicast) for widths 128 and 256 when M spans more than one tile.
+WgmmaConfig wgmma_config_for(int64_t batch, int64_t M, int64_t N, int sm_count);
 
 // out[b] = a[b] @ bm[b] for contiguous row-major a [batch, M, K], b [batch, K, N], out [batch, M, N]; dtype f16 or
 // bf16; batch, M, N, K >= 1.

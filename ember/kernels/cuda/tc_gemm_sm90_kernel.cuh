@@ -34,6 +34,15 @@ namespace ember::cuda::sm90 {
 // minimises waves x (128 + BN), the time of a wave if loads bound it (wgmma_tile_width): 1024^3 on 132 SMs takes
 // BN = 64 (128 tiles, one wave, where BN = 256 would leave 100 SMs idle); 2048^3 and larger take 256.
 //
+// Clusters. With kCluster = 2 two blocks along M (rank r takes rows 128 r .. of the cluster's 256-row tile) share
+// B: each loads its A box and half of B's boxes (j = r, r + 2, ...) with TMA multicast into the same stage of both
+// blocks, so B's bytes cross from L2 once per pair (a third fewer bytes per FLOP at BN = 256). Each block's full[s]
+// still expects the whole stage (its A, its B boxes, the other's B boxes); empty[s] counts the 4 consumers of the
+// cluster (remote arrivals by mapa + mbarrier.arrive.shared::cluster), since either producer writes both blocks'
+// stage s. A cluster_sync after the barriers' initialisation and another before exit keep every remote arrival and
+// multicast inside both blocks' lifetimes; the producer's idle threads therefore stay to the end. The launcher runs as
+// many clusters as fit at once (cudaOccupancyMaxActiveClusters), persistent like single blocks.
+//
 // Shared memory: kStages stages (4 x 48 KiB at BN = 256, 6 x 32 KiB at 128, 8 x 24 KiB at 64), each the A box (128
 // rows x 64 K, 16 KiB) and BN / 64 B boxes (64 K rows x 64 N columns, 8 KiB each), then 2 * kStages mbarriers. The base
 // is rounded up to 1024 bytes. Every box is loaded by TMA with CU_TENSOR_MAP_SWIZZLE_128B: row r of a box (128 bytes)
@@ -50,12 +59,12 @@ namespace ember::cuda::sm90 {
 //     (the next TMA box) LBO = 8 KiB away; k16 step kk adds 16 rows = 2 KiB to the start address.
 //
 // Pipeline. full[s] (count 1) completes when the producer has armed it with the stage's byte count
-// (arrive.expect_tx) and the TMA copies have delivered those bytes; empty[s] (count 2) completes when both consumers
-// have finished reading the stage. With it counting the block's k tiles over all its tiles, stage it % kStages in
-// round r = it / kStages waits full parity r & 1 and, for r > 0, empty parity (r - 1) & 1. A consumer issues the 4
-// wgmma of k tile it, commits them as one group, waits until at most one group is pending (so k tile it - 1's products
-// are done) and releases that stage: the tensor cores always have the next group queued. After a tile's last k tile
-// it waits for every group, releases the last stage, and only then runs the epilogue.
+// (arrive.expect_tx) and the TMA copies have delivered those bytes; empty[s] (count 2, 4 in a cluster) completes when
+// the consumers have finished reading the stage. With it counting the block's k tiles over all its tiles, stage it %
+// kStages in round r = it / kStages waits full parity r & 1 and, for r > 0, empty parity (r - 1) & 1. A consumer issues
+// the 4 wgmma of k tile it, commits them as one group, waits until at most one group is pending (so k tile it - 1's
+// products are done) and releases that stage: the tensor cores always have the next group queued. After a tile's last k
+// tile it waits for every group, releases the last stage, and only then runs the epilogue.
 //
 // Accumulator fragment of wgmma m64nNk16 (PTX ISA, "Matrix Fragments for wgmma.mma_async.m64nNk16"): thread t of
 // the warpgroup (warp w = t / 32, lane l) holds, for each 8-column block j, d[4j + 0..1] at row 16w + l / 4 and
@@ -85,29 +94,31 @@ struct Tile {
 struct WgmmaGemmParams {
   uint16_t* out;  // [batch, M, N] row-major, 16-bit elements
   int64_t M, N, K;
-  int64_t m_tiles, n_tiles;
-  int64_t tiles;  // batch * m_tiles * n_tiles
-  bool out_vec2;  // 32-bit paired stores allowed (N even, out 4 B aligned)
+  int64_t m_tiles, n_tiles;  // m_tiles counts tiles of 128 * cluster rows (one per cluster)
+  int64_t tiles;             // batch * m_tiles * n_tiles
+  bool out_vec2;             // 32-bit paired stores allowed (N even, out 4 B aligned)
 };
 
-// Where tile `tile` (0 .. p.tiles - 1) lies: batch-major, then groups of kGroupM M tiles walked column by column.
+// Where tile `tile` (0 .. p.tiles - 1) of rows_per_tile x BN lies: batch-major, then groups of kGroupM M tiles walked
+// column by column.
 struct TileCoord {
   int64_t batch, m0, n0;
 };
 template <int BN>
-EMBER_HD_INLINE TileCoord tile_coord(const WgmmaGemmParams& p, int64_t tile) {
+EMBER_HD_INLINE TileCoord tile_coord(const WgmmaGemmParams& p, int64_t tile, int64_t rows_per_tile) {
   const int64_t per_batch = p.m_tiles * p.n_tiles;
   const int64_t batch = tile / per_batch, in_batch = tile % per_batch;
   const int64_t per_group = int64_t{kGroupM} * p.n_tiles;
   const int64_t first_m = in_batch / per_group * kGroupM;
   const int64_t group_m = p.m_tiles - first_m < kGroupM ? p.m_tiles - first_m : kGroupM;
-  return {batch, (first_m + in_batch % per_group % group_m) * kBlockM, in_batch % per_group / group_m * BN};
+  return {batch, (first_m + in_batch % per_group % group_m) * rows_per_tile, in_batch % per_group / group_m * BN};
 }
 
-template <class T, int BN>
+template <class T, int BN, int kCluster>
 __global__ void __launch_bounds__(kThreads, 1)
     wgmma_gemm_kernel(const __grid_constant__ TmaDescriptor map_a, const __grid_constant__ TmaDescriptor map_b,
                       const WgmmaGemmParams p) {
+  static_assert(kCluster == 1 || (kCluster == 2 && BN / kBoxN % 2 == 0), "a cluster of 2 splits the B boxes");
   constexpr int kStages = Tile<BN>::kStages;
   constexpr uint32_t kStageBytes = Tile<BN>::kStageBytes;
   EMBER_DYNAMIC_SHARED(unsigned char, smem_raw);
@@ -121,89 +132,112 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   const int k_tiles = static_cast<int>((p.K + kBlockK - 1) / kBlockK);
   const int wg = static_cast<int>(threadIdx.x) / 128, t = static_cast<int>(threadIdx.x) % 128;
+  const int rank = kCluster > 1 ? static_cast<int>(cluster_ctarank()) : 0;  // which 128 rows of the cluster's tile
+  const int64_t first_tile = blockIdx.x / kCluster, tile_step = gridDim.x / kCluster;
 
   if (threadIdx.x == 0) {
     for (int s = 0; s < kStages; ++s) {
       mbar_init(&full[s], 1);
-      mbar_init(&empty[s], 2);
+      mbar_init(&empty[s], 2 * kCluster);  // both consumers of every block of the cluster
     }
     fence_mbarrier_init();
   }
-  __syncthreads();
+  if constexpr (kCluster > 1) {
+    cluster_sync();  // every block's barriers exist before any block multicasts into it or arrives on them
+  } else {
+    __syncthreads();
+  }
 
   if (wg == 0) {  // producer
     setmaxnreg_dec<40>();
-    if (t != 0) return;
-    int64_t it = 0;  // k tiles loaded so far, over every tile of this block
-    for (int64_t tile = blockIdx.x; tile < p.tiles; tile += gridDim.x) {
-      const TileCoord at = tile_coord<BN>(p, tile);
-      for (int kt = 0; kt < k_tiles; ++kt, ++it) {
-        const int s = static_cast<int>(it % kStages);
-        if (it >= kStages) {
-          while (!mbar_try_wait(&empty[s], static_cast<unsigned>(it / kStages - 1) & 1u)) {
+    if (t == 0) {
+      int64_t it = 0;  // k tiles loaded so far, over every tile of this block
+      for (int64_t tile = first_tile; tile < p.tiles; tile += tile_step) {
+        const TileCoord at = tile_coord<BN>(p, tile, int64_t{kBlockM} * kCluster);
+        const int m0 = static_cast<int>(at.m0) + rank * kBlockM, n0 = static_cast<int>(at.n0);
+        const int batch = static_cast<int>(at.batch);
+        for (int kt = 0; kt < k_tiles; ++kt, ++it) {
+          const int s = static_cast<int>(it % kStages);
+          if (it >= kStages) {
+            while (!mbar_try_wait(&empty[s], static_cast<unsigned>(it / kStages - 1) & 1u)) {
+            }
+          }
+          mbar_arrive_expect_tx(&full[s], kStageBytes);
+          tma_load_3d(stage_a(s), &map_a, kt * kBlockK, m0, batch, &full[s]);
+          // B: every box, or in a cluster this block's share of them, multicast to every block of the cluster.
+          for (int j = rank; j < BN / kBoxN; j += kCluster) {
+            if constexpr (kCluster == 1) {
+              tma_load_3d(stage_b(s) + j * kBBoxBytes, &map_b, n0 + j * kBoxN, kt * kBlockK, batch, &full[s]);
+            } else {
+              tma_load_3d_multicast(stage_b(s) + j * kBBoxBytes, &map_b, n0 + j * kBoxN, kt * kBlockK, batch, &full[s],
+                                    static_cast<uint16_t>((1u << kCluster) - 1u));
+            }
           }
         }
-        mbar_arrive_expect_tx(&full[s], kStageBytes);
-        tma_load_3d(stage_a(s), &map_a, kt * kBlockK, static_cast<int>(at.m0), static_cast<int>(at.batch), &full[s]);
-        for (int j = 0; j < BN / kBoxN; ++j)
-          tma_load_3d(stage_b(s) + j * kBBoxBytes, &map_b, static_cast<int>(at.n0) + j * kBoxN, kt * kBlockK,
-                      static_cast<int>(at.batch), &full[s]);
       }
     }
-    return;
-  }
-
-  // consumers
-  setmaxnreg_inc<232>();
-  const int c = wg - 1;
-  const int warp = t / 32, lane = t % 32;
-  int64_t it = 0;  // k tiles consumed so far, over every tile of this block
-  for (int64_t tile = blockIdx.x; tile < p.tiles; tile += gridDim.x) {
-    const TileCoord at = tile_coord<BN>(p, tile);
-    float d[BN / 2];
-    EMBER_UNROLL
-    for (int i = 0; i < BN / 2; ++i) d[i] = 0.0f;
-    wgmma_fence_operand(d);
-    for (int kt = 0; kt < k_tiles; ++kt, ++it) {
-      const int s = static_cast<int>(it % kStages);
-      while (!mbar_try_wait(&full[s], static_cast<unsigned>(it / kStages) & 1u)) {
+  } else {  // consumers
+    setmaxnreg_inc<232>();
+    const int c = wg - 1;
+    const int warp = t / 32, lane = t % 32;
+    // Stage s is read: one arrival on its empty barrier in every block of the cluster (their producers write it).
+    auto release = [&](int s) {
+      if constexpr (kCluster == 1) {
+        mbar_arrive(&empty[s]);
+      } else {
+        for (int r = 0; r < kCluster; ++r) mbar_arrive_cluster(&empty[s], static_cast<unsigned>(r));
       }
-      const unsigned char* a = stage_a(s) + c * (64 * 128);
-      const unsigned char* b = stage_b(s);
-      wgmma_fence();
+    };
+    int64_t it = 0;  // k tiles consumed so far, over every tile of this block
+    for (int64_t tile = first_tile; tile < p.tiles; tile += tile_step) {
+      const TileCoord at = tile_coord<BN>(p, tile, int64_t{kBlockM} * kCluster);
+      float d[BN / 2];
       EMBER_UNROLL
-      for (int kk = 0; kk < kBlockK / 16; ++kk)
-        wgmma_m64nk16<T, BN>(d, SmemOperand{a + kk * 32, 16, 1024}, SmemOperand{b + kk * 2048, kBBoxBytes, 1024}, 1);
-      wgmma_commit();
-      wgmma_wait<1>();
-      if (kt > 0 && t == 0) mbar_arrive(&empty[(it - 1) % kStages]);
-    }
-    wgmma_wait<0>();
-    wgmma_fence_operand(d);  // the epilogue's reads stay after the wait
-    // The tile's last stage is free: the producer fills the next tile's stages while this epilogue runs.
-    if (t == 0) mbar_arrive(&empty[(it - 1) % kStages]);
+      for (int i = 0; i < BN / 2; ++i) d[i] = 0.0f;
+      wgmma_fence_operand(d);
+      for (int kt = 0; kt < k_tiles; ++kt, ++it) {
+        const int s = static_cast<int>(it % kStages);
+        while (!mbar_try_wait(&full[s], static_cast<unsigned>(it / kStages) & 1u)) {
+        }
+        const unsigned char* a = stage_a(s) + c * (64 * 128);
+        const unsigned char* b = stage_b(s);
+        wgmma_fence();
+        EMBER_UNROLL
+        for (int kk = 0; kk < kBlockK / 16; ++kk)
+          wgmma_m64nk16<T, BN>(d, SmemOperand{a + kk * 32, 16, 1024}, SmemOperand{b + kk * 2048, kBBoxBytes, 1024}, 1);
+        wgmma_commit();
+        wgmma_wait<1>();
+        if (kt > 0 && t == 0) release(static_cast<int>((it - 1) % kStages));
+      }
+      wgmma_wait<0>();
+      wgmma_fence_operand(d);  // the epilogue's reads stay after the wait
+      // The tile's last stage is free: the producer fills the next tile's stages while this epilogue runs.
+      if (t == 0) release(static_cast<int>((it - 1) % kStages));
 
-    // Epilogue: registers -> global, rounded once, guarded by row < M and column < N.
-    uint16_t* out = p.out + at.batch * p.M * p.N;
-    EMBER_UNROLL
-    for (int h = 0; h < 2; ++h) {
-      const int64_t row = at.m0 + 64 * c + 16 * warp + lane / 4 + 8 * h;
-      if (row >= p.M) continue;
+      // Epilogue: registers -> global, rounded once, guarded by row < M and column < N.
+      uint16_t* out = p.out + at.batch * p.M * p.N;
       EMBER_UNROLL
-      for (int j = 0; j < BN / 8; ++j) {
-        const int64_t col = at.n0 + 8 * j + 2 * (lane % 4);
-        if (col >= p.N) continue;
-        uint16_t* dst = out + row * p.N + col;
-        const uint32_t pair = pack2<T>(d[4 * j + 2 * h], d[4 * j + 2 * h + 1]);
-        if (p.out_vec2) {
-          *reinterpret_cast<uint32_t*>(dst) = pair;
-        } else {
-          dst[0] = static_cast<uint16_t>(pair & 0xffffu);
-          if (col + 1 < p.N) dst[1] = static_cast<uint16_t>(pair >> 16);
+      for (int h = 0; h < 2; ++h) {
+        const int64_t row = at.m0 + rank * kBlockM + 64 * c + 16 * warp + lane / 4 + 8 * h;
+        if (row >= p.M) continue;
+        EMBER_UNROLL
+        for (int j = 0; j < BN / 8; ++j) {
+          const int64_t col = at.n0 + 8 * j + 2 * (lane % 4);
+          if (col >= p.N) continue;
+          uint16_t* dst = out + row * p.N + col;
+          const uint32_t pair = pack2<T>(d[4 * j + 2 * h], d[4 * j + 2 * h + 1]);
+          if (p.out_vec2) {
+            *reinterpret_cast<uint32_t*>(dst) = pair;
+          } else {
+            dst[0] = static_cast<uint16_t>(pair & 0xffffu);
+            if (col + 1 < p.N) dst[1] = static_cast<uint16_t>(pair >> 16);
+          }
         }
       }
     }
   }
+  // No block of a cluster exits while another may still arrive on its barriers or write into its stages.
+  if constexpr (kCluster > 1) cluster_sync();
 }
 
 }  // namespace ember::cuda::sm90

@@ -1,5 +1,6 @@
-// PTX wrappers of the Hopper GEMM (tc_gemm_sm90_kernel.cuh): mbarriers with transaction counts, TMA tile loads
-// (cp.async.bulk.tensor), warpgroup MMA (wgmma.mma_async m64nNk16 for N = 64, 128, 256, f32 accumulators, both operands in shared memory
+// PTX wrappers of the Hopper GEMM (tc_gemm_sm90_kernel.cuh): mbarriers with transaction counts (local and across a
+// cluster), TMA tile loads (cp.async.bulk.tensor, plain and multicast to a cluster), cluster rank and barrier,
+// warpgroup MMA (wgmma.mma_async m64nNk16 for N = 64, 128, 256, f32 accumulators, both operands in shared memory
 // through matrix descriptors) and the register reallocation of warp-specialised kernels (setmaxnreg).
 // Invariant: every body is sm_90a code (EMBER_HAS_WGMMA: wgmma and setmaxnreg need the arch-specific target, TMA and
 // transaction-count mbarriers sm_90) and compiles to nothing for other targets, where the launcher never runs the
@@ -86,6 +87,46 @@ __device__ __forceinline__ void tma_load_3d(void* dst, const TmaDescriptor* map,
       "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4, %5}], "
       "[%2];\n" ::"r"(smem_u32(dst)),
       "l"(reinterpret_cast<uint64_t>(map)), "r"(smem_u32(bar)), "r"(c0), "r"(c1), "r"(c2)
+      : "memory");
+#endif
+}
+
+// The same box into the shared memory of every block of the cluster whose bit is set in cta_mask, at dst's offset
+// there, completing the bytes on the mbarrier at bar's offset in each of those blocks.
+__device__ __forceinline__ void tma_load_3d_multicast(void* dst, const TmaDescriptor* map, int c0, int c1, int c2,
+                                                      uint64_t* bar, uint16_t cta_mask) {
+#if defined(EMBER_HAS_WGMMA)
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster [%0], "
+      "[%1, {%3, %4, %5}], [%2], %6;\n" ::"r"(smem_u32(dst)),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(smem_u32(bar)), "r"(c0), "r"(c1), "r"(c2), "h"(cta_mask)
+      : "memory");
+#endif
+}
+
+// Rank of this block in its cluster (%cluster_ctarank).
+__device__ __forceinline__ unsigned cluster_ctarank() {
+  unsigned rank = 0;
+#if defined(EMBER_HAS_WGMMA)
+  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(rank));
+#endif
+  return rank;
+}
+
+// Every thread of every block of the cluster arrives, then waits for all (release / acquire at cluster scope).
+__device__ __forceinline__ void cluster_sync() {
+#if defined(EMBER_HAS_WGMMA)
+  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+#endif
+}
+
+// One arrival on the mbarrier at bar's offset in block `rank` of the cluster (this block's own included).
+__device__ __forceinline__ void mbar_arrive_cluster(uint64_t* bar, unsigned rank) {
+#if defined(EMBER_HAS_WGMMA)
+  asm volatile(
+      "{\n.reg .b32 remote;\nmapa.shared::cluster.u32 remote, %0, %1;\n"
+      "mbarrier.arrive.shared::cluster.b64 _, [remote];\n}\n" ::"r"(smem_u32(bar)),
+      "r"(rank)
       : "memory");
 #endif
 }
