@@ -214,7 +214,8 @@ int main(int argc, char** argv) {
         tflops[i] = flop / (ms * 1e-3) / 1e12;
       }
       cuda::set_wgmma_config({});
-      const cuda::WgmmaConfig picked = cuda::wgmma_config_for(1, s, s, cuda::device_properties(dev.index).sm_count);
+      const int sms = cuda::device_properties(dev.index).sm_count;
+      const cuda::WgmmaConfig picked = cuda::wgmma_config_for(1, s, s, sms, cuda::wgmma_max_clusters(dev.index));
       std::printf("| %lld | %s | %d, %d | %.1f | %.1f | %.1f | %.1f | %.1f |\n", static_cast<long long>(s),
                   dtype_name(dt), picked.tile_width, picked.cluster, tflops[0], tflops[1], tflops[2], tflops[3],
                   tflops[4]);

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "tests/harness/op_harness.h"
@@ -230,27 +231,31 @@ TEST(TensorCoreGemmHost, RejectsUnsupportedDTypesAndNegativeSizes) {
   EXPECT_NO_THROW(cuda::tensor_core_gemm(DType::bf16, 2, 4, 0, 4, nullptr, nullptr, nullptr, nullptr));
 }
 
-// The Hopper kernel's tile width on an H100's 132 SMs (Note [Hopper GEMM], "Tile width"): the fewest waves times
-// (128 + width), the widest on a tie.
-TEST(TensorCoreGemmHost, WgmmaTileWidthFillsTheSms) {
-  EXPECT_EQ(cuda::wgmma_tile_width(1, 1024, 1024, 132), 64);   // 128 tiles of 64: one wave; 256 would idle 100 SMs
-  EXPECT_EQ(cuda::wgmma_tile_width(1, 1536, 1536, 132), 256);  // 1 wave x 384 < 3 waves x 192
-  EXPECT_EQ(cuda::wgmma_tile_width(1, 2048, 2048, 132), 256);  // 128 tiles: one wave
-  EXPECT_EQ(cuda::wgmma_tile_width(1, 4096, 4096, 132), 256);
-  EXPECT_EQ(cuda::wgmma_tile_width(1, 8192, 8192, 132), 256);   // 16 waves x 384 < 63 waves x 192
-  EXPECT_EQ(cuda::wgmma_tile_width(12, 1024, 1024, 132), 256);  // the batch fills the waves
-  EXPECT_EQ(cuda::wgmma_tile_width(1, 128, 64, 132), 64);
+// The Hopper kernel's configuration by shape on an H100 (132 SMs, 66 clusters of 2; Note [Hopper GEMM], "Tile width"):
+// the fewest waves of units times the bytes a block loads per k step, a tie to the smaller unit.
+TEST(TensorCoreGemmHost, WgmmaConfigFillsTheSms) {
+  auto pick = [](int64_t batch, int64_t M, int64_t N, int clusters = 66) {
+    const cuda::WgmmaConfig c = cuda::wgmma_config_for(batch, M, N, 132, clusters);
+    return std::make_pair(c.tile_width, c.cluster);
+  };
+  using P = std::pair<int, int>;
+  EXPECT_EQ(pick(1, 1024, 1024), P(64, 1));      // 128 tiles of 64, one wave: ties 32 clusters x 128, fewer SMs busy
+  EXPECT_EQ(pick(1, 2048, 2048), P(256, 2));     // 64 clusters, one wave, 128 + 128 bytes per k step
+  EXPECT_EQ(pick(1, 4096, 4096), P(256, 2));     // 4 waves x 256 < 4 waves x 384 alone
+  EXPECT_EQ(pick(1, 8192, 8192), P(256, 2));     // 16 waves x 256
+  EXPECT_EQ(pick(12, 1024, 1024), P(256, 2));    // the batch fills the waves
+  EXPECT_EQ(pick(1, 4096, 4096, 0), P(256, 1));  // no cluster fits: single blocks
+  EXPECT_EQ(pick(1, 128, 64), P(64, 1));
   EXPECT_THROW(cuda::set_wgmma_config({96, 1}), ValueError);
   EXPECT_THROW(cuda::set_wgmma_config({128, 3}), ValueError);
   EXPECT_THROW(cuda::set_wgmma_config({64, 2}), ValueError);  // a cluster splits B's boxes; width 64 has one
-  // By shape: clusters of 2 for widths 128 and 256 when M spans more than one tile.
-  const cuda::WgmmaConfig big = cuda::wgmma_config_for(1, 4096, 4096, 132);
-  EXPECT_EQ(big.tile_width, 256);
-  EXPECT_EQ(big.cluster, 2);
-  const cuda::WgmmaConfig small = cuda::wgmma_config_for(1, 1024, 1024, 132);
-  EXPECT_EQ(small.tile_width, 64);
-  EXPECT_EQ(small.cluster, 1);
-  EXPECT_EQ(cuda::wgmma_config_for(1, 128, 4096, 132).cluster, 1);  // one M tile: nothing to share
+  struct Reset {
+    ~Reset() { cuda::set_wgmma_config({}); }
+  } reset;
+  cuda::set_wgmma_config({0, 1});  // clusters off: the width alone is chosen
+  EXPECT_EQ(pick(1, 4096, 4096), P(256, 1));
+  cuda::set_wgmma_config({128, 0});  // the width fixed: the cluster alone is chosen
+  EXPECT_EQ(pick(1, 4096, 4096), P(128, 2));
 }
 
 #else

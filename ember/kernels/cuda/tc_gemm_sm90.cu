@@ -168,6 +168,11 @@ bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0;
 
 bool wgmma_gemm_supported(int device) { return probe_device(device).ok == 1; }
 
+int wgmma_max_clusters(int device) {
+  const DeviceState& st = probe_device(device);
+  return st.ok == 1 ? std::min(st.clusters_128, st.clusters_256) : 0;
+}
+
 void set_wgmma_config(const WgmmaConfig& config) {
   EMBER_CHECK(config.tile_width == 0 || config.tile_width == 64 || config.tile_width == 128 || config.tile_width == 256,
               ValueError, "set_wgmma_config: tile width ", config.tile_width, " is not 0 (by shape), 64, 128 or 256");
@@ -213,31 +218,30 @@ void launch(DType dtype, int64_t batch, int max_clusters, const CUtensorMap& map
 
 }  // namespace
 
-int wgmma_tile_width(int64_t batch, int64_t M, int64_t N, int sm_count) {
+WgmmaConfig wgmma_config_for(int64_t batch, int64_t M, int64_t N, int sm_count, int max_clusters) {
+  const WgmmaConfig fixed{g_tile_width.load(), g_cluster.load()};
   const int64_t m_tiles = (M + kBlockM - 1) / kBlockM;
-  int best = 256;
-  int64_t best_cost = INT64_MAX;
-  for (int bn : {256, 128, 64}) {  // widest first: a tie keeps the wider tile
-    const int64_t tiles = batch * m_tiles * ((N + bn - 1) / bn);
-    // waves x one tile's time, taken as its bytes loaded per k step (A's 128 rows + B's bn columns): a narrower tile
-    // moves more bytes per FLOP
-    const int64_t cost = (tiles + sm_count - 1) / sm_count * (kBlockM + bn);
-    if (cost < best_cost) {
-      best_cost = cost;
-      best = bn;
+  WgmmaConfig best{256, 1};
+  int64_t best_cost = INT64_MAX, best_unit = 0;
+  for (int cluster : {2, 1}) {
+    if (fixed.cluster != 0 && cluster != fixed.cluster) continue;
+    const int64_t capacity = cluster == 1 ? sm_count : max_clusters;
+    if (capacity <= 0) continue;
+    for (int width : {256, 128, 64}) {
+      if ((fixed.tile_width != 0 && width != fixed.tile_width) || (cluster == 2 && width == 64)) continue;
+      // Units (blocks, or clusters of 2 blocks along M) and waves of them; a unit's time per k step taken as the
+      // bytes each of its blocks loads: A's 128 rows and its share of B's columns.
+      const int64_t units = batch * ((m_tiles + cluster - 1) / cluster) * ((N + width - 1) / width);
+      const int64_t cost = (units + capacity - 1) / capacity * (kBlockM + width / cluster);
+      const int64_t unit = int64_t{width} * cluster;  // a tie goes to the smaller unit: more SMs at work
+      if (cost < best_cost || (cost == best_cost && unit < best_unit)) {
+        best_cost = cost;
+        best_unit = unit;
+        best = {width, cluster};
+      }
     }
   }
   return best;
-}
-
-WgmmaConfig wgmma_config_for(int64_t batch, int64_t M, int64_t N, int sm_count) {
-  WgmmaConfig c{g_tile_width.load(), g_cluster.load()};
-  if (c.tile_width == 0) {
-    c.tile_width = wgmma_tile_width(batch, M, N, sm_count);
-    if (c.cluster == 2 && c.tile_width == 64) c.tile_width = 128;
-  }
-  if (c.cluster == 0) c.cluster = c.tile_width >= 128 && M > kBlockM ? 2 : 1;
-  return c;
 }
 
 void wgmma_gemm(DType dtype, int64_t batch, int64_t M, int64_t N, int64_t K, const void* a, const void* b, void* out,
@@ -246,8 +250,7 @@ void wgmma_gemm(DType dtype, int64_t batch, int64_t M, int64_t N, int64_t K, con
   EMBER_CUDA_CHECK(cudaGetDevice(&device));
   const DeviceState& st = probe_device(device);
   const int sm_count = device_properties(device).sm_count;
-  WgmmaConfig c = wgmma_config_for(batch, M, N, sm_count);
-  if (c.cluster == 2 && (c.tile_width == 256 ? st.clusters_256 : st.clusters_128) == 0) c.cluster = 1;  // none fits
+  const WgmmaConfig c = wgmma_config_for(batch, M, N, sm_count, wgmma_max_clusters(device));
   const CUtensorMap map_a = tensor_map(dtype, a, batch, M, K, kBlockK, kBlockM);
   const CUtensorMap map_b = tensor_map(dtype, b, batch, K, N, kBoxN, kBlockK);
   WgmmaGemmParams p{};

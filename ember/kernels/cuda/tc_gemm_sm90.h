@@ -16,13 +16,15 @@ namespace ember::cuda {
 // (TMA's 16-byte global strides), a and b 16-byte aligned, and M, N, K below 2^31 (TMA's 32-bit coordinates).
 bool wgmma_gemm_applies(int64_t M, int64_t N, int64_t K, const void* a, const void* b, int device);
 
-// The tile width (N columns per block: 256, 128 or 64) for a product on `sm_count` SMs: the fewest waves times bytes
-// loaded per tile and k step (128 + width), the widest on a tie (Note [Hopper GEMM], "Tile width").
-int wgmma_tile_width(int64_t batch, int64_t M, int64_t N, int sm_count);
+// How many clusters of 2 blocks of the kernel fit on `device` at once (cudaOccupancyMaxActiveClusters; the 128- and
+// 256-wide kernels take the same shared memory, the smaller count of the two); 0 where the kernel does not run.
+int wgmma_max_clusters(int device);
 
-// The tile width and cluster size a product of this shape runs with: set_wgmma_config's fixed values, else the tile
-// width above and clusters of 2 (B shared by multicast) for widths 128 and 256 when M spans more than one tile.
-WgmmaConfig wgmma_config_for(int64_t batch, int64_t M, int64_t N, int sm_count);
+// The tile width and cluster size a product of this shape runs with, on `sm_count` SMs of which `max_clusters`
+// clusters of 2 fit at once: set_wgmma_config's fixed values, the rest chosen by the fewest waves of units (blocks or
+// clusters) times the bytes a block loads per k step (Note [Hopper GEMM], "Tile width"), a tie to the smaller unit.
+// When the chosen cluster of 2 fits nowhere (max_clusters 0) only single blocks are considered.
+WgmmaConfig wgmma_config_for(int64_t batch, int64_t M, int64_t N, int sm_count, int max_clusters);
 
 // out[b] = a[b] @ bm[b] for contiguous row-major a [batch, M, K], b [batch, K, N], out [batch, M, N]; dtype f16 or
 // bf16; batch, M, N, K >= 1.

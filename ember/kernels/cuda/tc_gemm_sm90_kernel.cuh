@@ -31,8 +31,9 @@ namespace ember::cuda::sm90 {
 //
 // Tile width. BN = 256 loads (128 + 256) / 256 = 1.5 bytes of operands per output column and k against 3 at BN = 64
 // (A is shared by more columns), but a small product then has fewer tiles than the GPU has SMs. The launcher
-// minimises waves x (128 + BN), the time of a wave if loads bound it (wgmma_tile_width): 1024^3 on 132 SMs takes
-// BN = 64 (128 tiles, one wave, where BN = 256 would leave 100 SMs idle); 2048^3 and larger take 256.
+// (wgmma_config_for) minimises waves x bytes a block loads per k step, over the widths and cluster sizes, the
+// time of a wave if loads bound it: on an H100 (132 SMs, ~66 clusters of 2) 1024^3 takes BN = 64 alone (128 tiles,
+// one wave, where BN = 256 would leave 100 SMs idle) and 2048^3 and larger take BN = 256 in clusters of 2.
 //
 // Clusters. With kCluster = 2 two blocks along M (rank r takes rows 128 r .. of the cluster's 256-row tile) share
 // B: each loads its A box and half of B's boxes (j = r, r + 2, ...) with TMA multicast into the same stage of both

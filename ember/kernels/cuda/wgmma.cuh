@@ -116,16 +116,18 @@ __device__ __forceinline__ unsigned cluster_ctarank() {
 // Every thread of every block of the cluster arrives, then waits for all (release / acquire at cluster scope).
 __device__ __forceinline__ void cluster_sync() {
 #if defined(EMBER_HAS_WGMMA)
+  __syncwarp();  // .aligned: every thread of the warp executes the same barrier instruction
   asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
 #endif
 }
 
-// One arrival on the mbarrier at bar's offset in block `rank` of the cluster (this block's own included).
+// One arrival on the mbarrier at bar's offset in block `rank` of the cluster (this block's own included), with release
+// semantics at cluster scope: this thread's earlier reads of the stage happen before the other block reuses it.
 __device__ __forceinline__ void mbar_arrive_cluster(uint64_t* bar, unsigned rank) {
 #if defined(EMBER_HAS_WGMMA)
   asm volatile(
       "{\n.reg .b32 remote;\nmapa.shared::cluster.u32 remote, %0, %1;\n"
-      "mbarrier.arrive.shared::cluster.b64 _, [remote];\n}\n" ::"r"(smem_u32(bar)),
+      "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [remote];\n}\n" ::"r"(smem_u32(bar)),
       "r"(rank)
       : "memory");
 #endif
