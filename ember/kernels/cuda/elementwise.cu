@@ -65,8 +65,7 @@ __global__ void unary_float_kernel(UnaryOp op, double p0, double p1, const T* in
 
 // Integer unary ops that need no floating math (unary_integer_fn, as the CPU kernel): neg, abs, relu, clamp.
 template <class T>
-__global__ void unary_integer_kernel(UnaryOp op, T lo, T hi, const T* in, T* out, int64_t n,
-                                     OffsetCalculator<2> calc) {
+__global__ void unary_integer_kernel(UnaryOp op, T lo, T hi, const T* in, T* out, int64_t n, OffsetCalculator<2> calc) {
   for (int64_t i = grid_stride_begin(); i < n; i += grid_stride_step()) {
     const auto o = calc.get(i);
     out[o.v[0]] = unary_integer_fn(op, in[o.v[1]], lo, hi);
@@ -89,8 +88,8 @@ __global__ void unary_backward_kernel(UnaryOp op, double p0, double p1, const T*
   using acc_t = op_math_t<T>;
   for (int64_t i = grid_stride_begin(); i < n; i += grid_stride_step()) {
     const auto o = calc.get(i);
-    out[o.v[0]] = T(unary_backward_fn<acc_t>(op, static_cast<acc_t>(grad[o.v[1]]), static_cast<acc_t>(saved[o.v[2]]),
-                                             p0, p1));
+    out[o.v[0]] =
+        T(unary_backward_fn<acc_t>(op, static_cast<acc_t>(grad[o.v[1]]), static_cast<acc_t>(saved[o.v[2]]), p0, p1));
   }
 }
 
@@ -101,7 +100,10 @@ __global__ void unary_backward_kernel(UnaryOp op, double p0, double p1, const T*
 // 128-bit store, and the last n % pack elements one by one; a repeated input is loaded once per thread. The offset
 // calculator's per-element index math is gone too. Pointers must be 16-byte aligned (the caching allocator's blocks
 // are; a view at an odd storage offset takes the strided kernels). Results equal the strided kernels' exactly: the
-// same element math per element.
+// same element math per element. The unary kernels choose the element function once per thread: GELU, ReLU, SiLU
+// and exp (and their backward) run loops with the op a compile-time constant. Dispatching per element costs a chain of
+// compares and branches per element, which bf16 GELU (8 elements per 16 bytes) paid in full: it was compute-bound at
+// 58% of a copy's bandwidth while f32 GELU reached 94% (bench/RESULTS.md).
 
 // An input of the dense path: a contiguous array of T, or one value repeated (stored as T, or as op_math_t<T> when
 // `is_acc`: Note [Scalar operands] in ops_elementwise.cpp).
@@ -153,8 +155,9 @@ __global__ void binary_dense_kernel(BinaryOp op, DenseOperand a, DenseOperand b,
     out[i] = T(binary_fn<acc_t>(op, element<T>(a, i, ra), element<T>(b, i, rb)));
 }
 
-template <class T>
-__global__ void unary_dense_kernel(UnaryOp op, double p0, double p1, const T* in, T* out, int64_t n) {
+// The dense unary loops, over whole packs then the tail, with `fn` applied in op_math_t<T>.
+template <class T, class Fn>
+__device__ __forceinline__ void unary_dense_loop(const T* in, T* out, int64_t n, Fn fn) {
   using acc_t = op_math_t<T>;
   constexpr int V = Pack<T>::kSize;
   const int64_t packs = n / V;
@@ -162,16 +165,15 @@ __global__ void unary_dense_kernel(UnaryOp op, double p0, double p1, const T* in
     const Pack<T> x = reinterpret_cast<const Pack<T>*>(in)[i];
     Pack<T> r;
     EMBER_UNROLL
-    for (int k = 0; k < V; ++k) r.v[k] = T(unary_fn<acc_t>(op, static_cast<acc_t>(x.v[k]), p0, p1));
+    for (int k = 0; k < V; ++k) r.v[k] = T(fn(static_cast<acc_t>(x.v[k])));
     reinterpret_cast<Pack<T>*>(out)[i] = r;
   }
   for (int64_t i = packs * V + grid_stride_begin(); i < n; i += grid_stride_step())
-    out[i] = T(unary_fn<acc_t>(op, static_cast<acc_t>(in[i]), p0, p1));
+    out[i] = T(fn(static_cast<acc_t>(in[i])));
 }
 
-template <class T>
-__global__ void unary_backward_dense_kernel(UnaryOp op, double p0, double p1, const T* grad, const T* saved, T* out,
-                                            int64_t n) {
+template <class T, class Fn>
+__device__ __forceinline__ void unary_backward_dense_loop(const T* grad, const T* saved, T* out, int64_t n, Fn fn) {
   using acc_t = op_math_t<T>;
   constexpr int V = Pack<T>::kSize;
   const int64_t packs = n / V;
@@ -179,12 +181,61 @@ __global__ void unary_backward_dense_kernel(UnaryOp op, double p0, double p1, co
     const Pack<T> g = reinterpret_cast<const Pack<T>*>(grad)[i], s = reinterpret_cast<const Pack<T>*>(saved)[i];
     Pack<T> r;
     EMBER_UNROLL
-    for (int k = 0; k < V; ++k)
-      r.v[k] = T(unary_backward_fn<acc_t>(op, static_cast<acc_t>(g.v[k]), static_cast<acc_t>(s.v[k]), p0, p1));
+    for (int k = 0; k < V; ++k) r.v[k] = T(fn(static_cast<acc_t>(g.v[k]), static_cast<acc_t>(s.v[k])));
     reinterpret_cast<Pack<T>*>(out)[i] = r;
   }
   for (int64_t i = packs * V + grid_stride_begin(); i < n; i += grid_stride_step())
-    out[i] = T(unary_backward_fn<acc_t>(op, static_cast<acc_t>(grad[i]), static_cast<acc_t>(saved[i]), p0, p1));
+    out[i] = T(fn(static_cast<acc_t>(grad[i]), static_cast<acc_t>(saved[i])));
+}
+
+// One dispatch on the op per thread, not per element (Note [Dense elementwise path]): the activations a training
+// step runs over whole tensors get loops of their own, with the op a constant the element function folds; the rest
+// share a loop that dispatches per element.
+template <class T>
+__global__ void unary_dense_kernel(UnaryOp op, double p0, double p1, const T* in, T* out, int64_t n) {
+  using acc_t = op_math_t<T>;
+  auto with = [&](auto k) {
+    constexpr UnaryOp kOp = decltype(k)::value;
+    unary_dense_loop(in, out, n, [=](acc_t x) { return unary_fn<acc_t>(kOp, x, p0, p1); });
+  };
+  switch (op) {
+    case UnaryOp::GeluErf:
+      return with(std::integral_constant<UnaryOp, UnaryOp::GeluErf>{});
+    case UnaryOp::GeluTanh:
+      return with(std::integral_constant<UnaryOp, UnaryOp::GeluTanh>{});
+    case UnaryOp::Relu:
+      return with(std::integral_constant<UnaryOp, UnaryOp::Relu>{});
+    case UnaryOp::Silu:
+      return with(std::integral_constant<UnaryOp, UnaryOp::Silu>{});
+    case UnaryOp::Exp:
+      return with(std::integral_constant<UnaryOp, UnaryOp::Exp>{});
+    default:
+      unary_dense_loop(in, out, n, [=](acc_t x) { return unary_fn<acc_t>(op, x, p0, p1); });
+  }
+}
+
+template <class T>
+__global__ void unary_backward_dense_kernel(UnaryOp op, double p0, double p1, const T* grad, const T* saved, T* out,
+                                            int64_t n) {
+  using acc_t = op_math_t<T>;
+  auto with = [&](auto k) {
+    constexpr UnaryOp kOp = decltype(k)::value;
+    unary_backward_dense_loop(grad, saved, out, n,
+                              [=](acc_t g, acc_t s) { return unary_backward_fn<acc_t>(kOp, g, s, p0, p1); });
+  };
+  switch (op) {
+    case UnaryOp::GeluErf:
+      return with(std::integral_constant<UnaryOp, UnaryOp::GeluErf>{});
+    case UnaryOp::GeluTanh:
+      return with(std::integral_constant<UnaryOp, UnaryOp::GeluTanh>{});
+    case UnaryOp::Relu:
+      return with(std::integral_constant<UnaryOp, UnaryOp::Relu>{});
+    case UnaryOp::Silu:
+      return with(std::integral_constant<UnaryOp, UnaryOp::Silu>{});
+    default:
+      unary_backward_dense_loop(grad, saved, out, n,
+                                [=](acc_t g, acc_t s) { return unary_backward_fn<acc_t>(op, g, s, p0, p1); });
+  }
 }
 
 // ---- launchers --------------------------------------------------------------------------------------------------
@@ -309,12 +360,12 @@ void binary_cuda(BinaryOp op, const Tensor& a, const Tensor& b, const Tensor& ou
     EMBER_CHECK(out.dtype() == DType::b8, DTypeError, name, ": output ", out.description(), " should be bool");
   } else {
     for (const Tensor* t : {&a, &b})
-      EMBER_CHECK(t->dtype() == out.dtype() || t->dtype() == op_math_dtype(out.dtype()), DTypeError, name,
-                  ": operand ", t->description(), " has neither the output's dtype nor its compute dtype (output ",
-                  out.description(), ")");
+      EMBER_CHECK(t->dtype() == out.dtype() || t->dtype() == op_math_dtype(out.dtype()), DTypeError, name, ": operand ",
+                  t->description(), " has neither the output's dtype nor its compute dtype (output ", out.description(),
+                  ")");
   }
-  EMBER_CHECK(a.sizes() == out.sizes() && b.sizes() == out.sizes(), ShapeError, name, ": operands ",
-              a.description(), " and ", b.description(), " are not expanded to the output ", out.description());
+  EMBER_CHECK(a.sizes() == out.sizes() && b.sizes() == out.sizes(), ShapeError, name, ": operands ", a.description(),
+              " and ", b.description(), " are not expanded to the output ", out.description());
   if (out.numel() == 0) return;
   DeviceGuard guard(device.index);
   const cudaStream_t stream = ::ember::cuda::current_stream(device.index).get();
@@ -335,10 +386,14 @@ void unary_cuda(UnaryOp op, UnaryParams p, const Tensor& in, const Tensor& out) 
   DeviceGuard guard(device.index);
   const cudaStream_t stream = ::ember::cuda::current_stream(device.index).get();
   switch (in.dtype()) {
-    case DType::f32: return launch_unary_float<float>(op, p, in, out, stream);
-    case DType::f64: return launch_unary_float<double>(op, p, in, out, stream);
-    case DType::f16: return launch_unary_float<Half>(op, p, in, out, stream);
-    case DType::bf16: return launch_unary_float<BFloat16>(op, p, in, out, stream);
+    case DType::f32:
+      return launch_unary_float<float>(op, p, in, out, stream);
+    case DType::f64:
+      return launch_unary_float<double>(op, p, in, out, stream);
+    case DType::f16:
+      return launch_unary_float<Half>(op, p, in, out, stream);
+    case DType::bf16:
+      return launch_unary_float<BFloat16>(op, p, in, out, stream);
     case DType::i32:
     case DType::i64:
     case DType::u8:
@@ -352,7 +407,8 @@ void unary_cuda(UnaryOp op, UnaryParams p, const Tensor& in, const Tensor& out) 
       if (in.dtype() == DType::i16) return launch_unary_integer<int16_t>(op, p, in, out, stream);
       return launch_unary_integer<uint8_t>(op, p, in, out, stream);
     }
-    default: throw_unsupported_dtype(name, in.dtype());
+    default:
+      throw_unsupported_dtype(name, in.dtype());
   }
 }
 
@@ -387,8 +443,7 @@ void unary_backward_cuda(UnaryOp op, UnaryParams p, const Tensor& grad, const Te
   if (out.numel() == 0) return;
   DeviceGuard guard(device.index);
   const cudaStream_t stream = ::ember::cuda::current_stream(device.index).get();
-  EMBER_DISPATCH_FLOAT(out.dtype(), name,
-                       [&] { launch_unary_backward<scalar_t>(op, p, grad, saved, out, stream); });
+  EMBER_DISPATCH_FLOAT(out.dtype(), name, [&] { launch_unary_backward<scalar_t>(op, p, grad, saved, out, stream); });
 }
 
 }  // namespace
