@@ -1,6 +1,7 @@
 // CUDA kernels of the fused bias + GELU (Note [Bias and GELU] in kernels/ops_bias_gelu.cpp), three levels as
-// DESIGN.md §3. Forward: a grid-stride loop over the elements. Backward: blocks of 32 columns x kRowThreads row
-// threads, each over a fixed group of rows, write the input gradient and sum it down their columns; the groups' partial
+// DESIGN.md §3. Forward: a grid-stride loop over the elements. Backward: blocks of 32 columns (or 32 16-byte packs of
+// columns, bias_gelu_kernels.cuh) x kRowThreads row threads, each over a fixed group of rows, write the input gradient
+// and sum it down their columns; the groups' partial
 // sums are added in group order by a last kernel (one group: written directly). The grouping depends on the sizes
 // alone, so the bias gradient is deterministic (no atomics) and equal on every device. Invariant: arithmetic in
 // op_math_t<T> (f32 for f32/f16/bf16, f64 for f64) with elementwise_math.h's GELU, rounded once; every element of the
@@ -10,6 +11,7 @@
 #include <limits>
 
 #include "ember/base/cuda_check.h"
+#include "ember/kernels/cuda/bias_gelu_kernels.cuh"
 #include "ember/kernels/cuda/block_reduce.cuh"
 #include "ember/kernels/cuda/stream.h"
 #include "ember/kernels/cuda/tensor_iter.cuh"
@@ -23,18 +25,15 @@ using ::ember::cuda::DeviceGuard;
 using ::ember::cuda::kWarpSize;
 using ::ember::cuda::Pack;
 
-constexpr int kRowThreads = 8;          // backward blocks: 32 columns x 8 row threads
+using bias_gelu::bias_gelu_backward_pack_kernel;
+using bias_gelu::gelu_grad_at;
+using bias_gelu::kRowThreads;           // backward blocks: 32 columns x 8 row threads
 constexpr int64_t kRowsPerGroup = 256;  // backward: rows per partial sum, at least
 constexpr int64_t kMaxGroups = 64;      // ... and at most this many partial sums per column
 
 template <class A>
 __device__ __forceinline__ A gelu_at(A v, bool tanh_approx) {
   return tanh_approx ? gelu_tanh_fn(v) : gelu_erf_fn(v);
-}
-
-template <class A>
-__device__ __forceinline__ A gelu_grad_at(A g, A v, bool tanh_approx) {
-  return unary_backward_fn<A>(tanh_approx ? UnaryOp::GeluTanh : UnaryOp::GeluErf, g, v, 0.0, 0.0);
 }
 
 // out[i] = gelu(x[i] + bias[i % cols]) over x, out [rows, cols] contiguous.
@@ -159,20 +158,30 @@ void launch_backward(const Tensor& g, const Tensor& x, const Tensor& bias, bool 
   // Groups of rows: from the sizes alone (not the device), so every device adds in the same order.
   const int64_t groups = std::max<int64_t>(1, std::min(kMaxGroups, rows / kRowsPerGroup));
   const int64_t rows_per_group = (rows + groups - 1) / groups;
-  const dim3 grid(static_cast<unsigned int>((cols + kWarpSize - 1) / kWarpSize), static_cast<unsigned int>(groups));
-  const dim3 block(kWarpSize, kRowThreads);
+  // 16-byte packs where every operand allows them (bias_gelu_kernels.cuh: the same sums in the same order).
+  constexpr int V = Pack<T>::kSize;
+  const bool packed = cols % V == 0 && ::ember::cuda::pack_aligned(pg) && ::ember::cuda::pack_aligned(px) &&
+                      ::ember::cuda::pack_aligned(pb) && (gx == nullptr || ::ember::cuda::pack_aligned(gx));
+  const dim3 grid(static_cast<unsigned int>((cols / (packed ? V : 1) + kWarpSize - 1) / kWarpSize),
+                  static_cast<unsigned int>(groups));
+  auto run = [&](void* sums, bool final) {
+    if (packed) {
+      bias_gelu_backward_pack_kernel<T><<<grid, kWarpSize * kRowThreads, 0, stream>>>(
+          pg, px, pb, rows, cols, rows_per_group, tanh_approx, gx, sums, final);
+    } else {
+      bias_gelu_backward_kernel<T><<<grid, dim3(kWarpSize, kRowThreads), 0, stream>>>(
+          pg, px, pb, rows, cols, rows_per_group, tanh_approx, gx, sums, final);
+    }
+  };
   if (!grad_bias.defined() || groups == 1) {
-    bias_gelu_backward_kernel<T><<<grid, block, 0, stream>>>(pg, px, pb, rows, cols, rows_per_group, tanh_approx, gx,
-                                                             grad_bias.defined() ? grad_bias.raw_data() : nullptr,
-                                                             true);
+    run(grad_bias.defined() ? grad_bias.raw_data() : nullptr, true);
     EMBER_CUDA_LAUNCH_CHECK();
     return;
   }
   // The partial sums, from the caching allocator; freed when this call returns, and since a freed block is handed out
   // again only to later work on the same stream, no one can overwrite it before the kernels below have read it.
   const Tensor partial = empty({groups, cols}, TensorOptions(sizeof(A) == 8 ? DType::f64 : DType::f32, device));
-  bias_gelu_backward_kernel<T>
-      <<<grid, block, 0, stream>>>(pg, px, pb, rows, cols, rows_per_group, tanh_approx, gx, partial.raw_data(), false);
+  run(partial.raw_data(), false);
   EMBER_CUDA_LAUNCH_CHECK();
   sum_groups_kernel<A, T>
       <<<::ember::cuda::grid_for(cols, device.index), ::ember::cuda::kElementwiseThreads, 0, stream>>>(

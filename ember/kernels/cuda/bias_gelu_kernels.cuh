@@ -1,0 +1,83 @@
+// The packed backward kernel of the fused bias + GELU (Note [Bias and GELU] in kernels/ops_bias_gelu.cpp; launched by
+// bias_gelu.cu), in a header so that a host compiler can build it too: tests/kernels/test_bias_gelu_emulated.cpp runs
+// it on the CPU under tests/harness/simt_emulator.h.
+// Invariant: the same element math and the same order of additions as bias_gelu_backward_kernel in bias_gelu.cu:
+// every column adds its rows ty, ty + 8, ... of the block's row group in row order per row thread, then the 8 row
+// threads' sums in ty order, so the bias gradient does not depend on which of the two kernels ran.
+#pragma once
+
+#include <cstdint>
+
+#include "ember/base/host_device.h"
+#include "ember/core/half.h"
+#include "ember/kernels/convert.h"
+#include "ember/kernels/cuda/kernel_macros.h"
+#include "ember/kernels/cuda/tensor_iter.cuh"
+#include "ember/kernels/elementwise_math.h"
+
+namespace ember::kernels::cuda::bias_gelu {
+
+constexpr int kRowThreads = 8;  // backward blocks: 32 column threads x 8 row threads
+
+// The gradient of GELU (tanh form or exact) at v, times g.
+template <class A>
+EMBER_HD_INLINE A gelu_grad_at(A g, A v, bool tanh_approx) {
+  return unary_backward_fn<A>(tanh_approx ? UnaryOp::GeluTanh : UnaryOp::GeluErf, g, v, 0.0, 0.0);
+}
+
+// Block (32 x V columns as 32 packs, group blockIdx.y of rows_per_group rows) over contiguous g, x, grad_x [rows,
+// cols] and bias [cols], all 16-byte aligned with cols a multiple of V: thread (tx, ty) reads and writes pack tx of
+// rows ty, ty + 8, ... with 128-bit accesses (bias_gelu_backward_kernel moves one element per access), keeps V column
+// sums, and the block adds the 8 row threads' sums of each column in ty order into grad_bias (T, `final`) or the
+// partial buffer [groups, cols] of op_math_t<T>. grad_x or sums may be null (not written).
+template <class T>
+__global__ void __launch_bounds__(32 * kRowThreads)
+    bias_gelu_backward_pack_kernel(const T* g, const T* x, const T* bias, int64_t rows, int64_t cols,
+                                   int64_t rows_per_group, bool tanh_approx, T* grad_x, void* sums, bool final) {
+  using A = op_math_t<T>;
+  using P = ::ember::cuda::Pack<T>;
+  constexpr int V = P::kSize;
+  __shared__ A partial[kRowThreads][V][32];  // [ty][element of the pack][tx]: the writes below hit 32 banks
+  const int tx = static_cast<int>(threadIdx.x) % 32, ty = static_cast<int>(threadIdx.x) / 32;
+  const int64_t col_packs = cols / V;
+  const int64_t cp = static_cast<int64_t>(blockIdx.x) * 32 + tx;
+  const int64_t r0 = static_cast<int64_t>(blockIdx.y) * rows_per_group;
+  const int64_t r1 = r0 + rows_per_group < rows ? r0 + rows_per_group : rows;
+  A acc[V];
+  EMBER_UNROLL
+  for (int e = 0; e < V; ++e) acc[e] = A(0);
+  if (cp < col_packs) {
+    const P bv = reinterpret_cast<const P*>(bias)[cp];
+    for (int64_t r = r0 + ty; r < r1; r += kRowThreads) {
+      const int64_t i = r * col_packs + cp;
+      const P gv = reinterpret_cast<const P*>(g)[i], xv = reinterpret_cast<const P*>(x)[i];
+      P d;
+      EMBER_UNROLL
+      for (int e = 0; e < V; ++e) {
+        const A v =
+            gelu_grad_at(static_cast<A>(gv.v[e]), static_cast<A>(xv.v[e]) + static_cast<A>(bv.v[e]), tanh_approx);
+        d.v[e] = T(v);
+        acc[e] += v;
+      }
+      if (grad_x) reinterpret_cast<P*>(grad_x)[i] = d;
+    }
+  }
+  if (sums == nullptr) return;  // uniform over the grid: no thread reaches the barrier
+  EMBER_UNROLL
+  for (int e = 0; e < V; ++e) partial[ty][e][tx] = acc[e];
+  __syncthreads();
+  if (ty != 0 || cp >= col_packs) return;
+  EMBER_UNROLL
+  for (int e = 0; e < V; ++e) {
+    A total = 0;
+    EMBER_UNROLL
+    for (int k = 0; k < kRowThreads; ++k) total += partial[k][e][tx];
+    const int64_t col = cp * V + e;
+    if (final)
+      static_cast<T*>(sums)[col] = T(total);
+    else
+      static_cast<A*>(sums)[static_cast<int64_t>(blockIdx.y) * cols + col] = total;
+  }
+}
+
+}  // namespace ember::kernels::cuda::bias_gelu
