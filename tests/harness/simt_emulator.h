@@ -2,11 +2,11 @@
 // GPU: every thread of a block is a fiber (ucontext) on the calling thread, scheduled round-robin; __syncthreads,
 // the warp shuffles (xor, down), ldmatrix and mma.sync m16n8k16 are rendezvous points where a fiber yields until its
 // block (or warp) has arrived. Blocks of a launch run one after the other (a cluster's blocks together), so
-// `__shared__` variables (defined here as function-local statics) belong to the running block. Include this header, then the kernel header (it defines the CUDA
-// keywords the kernels use), and launch with simt::launch. Invariant: 1-D blocks of whole warps; a barrier
-// that not every live thread of the block (or warp) reaches is reported as a deadlock (SimtError), never hangs. What it
-// does not model: memory ordering between threads beyond the barriers, bank conflicts, timing, and any instruction not
-// defined here.
+// `__shared__` variables (defined here as function-local statics) belong to the running block. Include this header,
+// then the kernel header (it defines the CUDA keywords the kernels use), and launch with simt::launch. Invariant: 1-D
+// blocks of whole warps; a barrier that not every live thread of the block (or warp) reaches is reported as a deadlock
+// (SimtError), never hangs. What it does not model: memory ordering between threads beyond the barriers, bank
+// conflicts, timing, and any instruction not defined here.
 #pragma once
 
 // Device code guarded for nvcc (block_reduce.cuh) also compiles for the emulator.
@@ -160,7 +160,6 @@ inline void ldmatrix_x4(uint32_t (&r)[4], const void* row, bool trans) {
   });
 }
 
-
 // Every thread of the running thread's warpgroup (128 consecutive threads; the block must be whole warpgroups)
 // contributes `in_bytes`; once all 128 have, combine runs once for the group (128 contributions in, 128 results of
 // `out_bytes` out, thread order) and each thread receives its result in `out`.
@@ -305,12 +304,14 @@ void wgmma_wait() {}
 template <int R>
 void wgmma_fence_operand(float (&)[R]) {}
 
-// wgmma.mma_async.m64nNk16.f32 (N = 64, 128, 256) with A K-major and B N-major (imm-trans-b 1), both in the 128-byte
-// swizzle mode: A[m][k] is read at swizzle_128b(a.start + (m / 8) * a.sbo + (m % 8) * 128 + 2 k), B[k][n] at
-// swizzle_128b(b.start + (n / 64) * b.lbo + (k / 8) * b.sbo + (k % 8) * 128 + 2 (n % 64)) (PTX ISA canonical layouts,
-// Note [Hopper GEMM]). Every thread must pass the same operands (SimtError otherwise); sums in f32 in k order; the
-// accumulator layout is Note [Hopper GEMM]'s.
-template <class T, int N, class Operand>
+// wgmma.mma_async.m64nNk16.f32 (N = 64, 128, 256), both operands in the 128-byte swizzle mode (PTX ISA canonical
+// layouts, Note [Hopper GEMM]); for an operand X with start address s, LBO and SBO, element (r, k) of its r index
+// (m of A, n of B) and k index is read at swizzle_128b(address) with address
+//   K-major (A without kTransA, B with kTransB false):  s + (r / 8) * SBO + (r % 8) * 128 + 2 k
+//   MN-major (A with kTransA, B with kTransB true):     s + (r / 64) * LBO + (k / 8) * SBO + (k % 8) * 128 + 2 (r % 64)
+// Every thread must pass the same operands (SimtError otherwise); sums in f32 in k order; the accumulator layout is
+// Note [Hopper GEMM]'s.
+template <class T, int N, bool kTransA = false, bool kTransB = true, class Operand>
 void wgmma_m64nk16(float (&d)[N / 2], const Operand& a, const Operand& b, int scale_d) {
   static_assert(N == 64 || N == 128 || N == 256, "N is 64, 128 or 256");
   namespace simt = ::ember::testing::simt;
@@ -319,7 +320,7 @@ void wgmma_m64nk16(float (&d)[N / 2], const Operand& a, const Operand& b, int sc
     float d[R];
     const void* a;
     const void* b;
-    uint32_t a_sbo, b_lbo, b_sbo;
+    uint32_t a_lbo, a_sbo, b_lbo, b_sbo;
     int scale_d;
   };
   const In mine = [&] {
@@ -327,6 +328,7 @@ void wgmma_m64nk16(float (&d)[N / 2], const Operand& a, const Operand& b, int sc
     std::memcpy(v.d, d, sizeof(v.d));
     v.a = a.start;
     v.b = b.start;
+    v.a_lbo = a.lbo;
     v.a_sbo = a.sbo;
     v.b_lbo = b.lbo;
     v.b_sbo = b.sbo;
@@ -336,8 +338,9 @@ void wgmma_m64nk16(float (&d)[N / 2], const Operand& a, const Operand& b, int sc
   simt::warpgroup_collective(&mine, sizeof(In), d, sizeof(d), [](const char* in, char* out) {
     const In* all = reinterpret_cast<const In*>(in);
     for (int t = 1; t < 128; ++t)
-      if (all[t].a != all[0].a || all[t].b != all[0].b || all[t].a_sbo != all[0].a_sbo ||
-          all[t].b_lbo != all[0].b_lbo || all[t].b_sbo != all[0].b_sbo || all[t].scale_d != all[0].scale_d)
+      if (all[t].a != all[0].a || all[t].b != all[0].b || all[t].a_lbo != all[0].a_lbo ||
+          all[t].a_sbo != all[0].a_sbo || all[t].b_lbo != all[0].b_lbo || all[t].b_sbo != all[0].b_sbo ||
+          all[t].scale_d != all[0].scale_d)
         throw simt::SimtError("wgmma: the threads of a warpgroup pass different operands");
     const In& op = all[0];
     if (reinterpret_cast<uintptr_t>(op.a) % 16 != 0 || reinterpret_cast<uintptr_t>(op.b) % 16 != 0)
@@ -349,11 +352,18 @@ void wgmma_m64nk16(float (&d)[N / 2], const Operand& a, const Operand& b, int sc
     };
     float A[64][16], B[16][N];
     const uintptr_t a0 = reinterpret_cast<uintptr_t>(op.a), b0 = reinterpret_cast<uintptr_t>(op.b);
+    auto k_major = [](uintptr_t start, uint32_t sbo, int r, int k) {
+      return start + (r / 8) * sbo + (r % 8) * 128 + 2 * k;
+    };
+    auto mn_major = [](uintptr_t start, uint32_t lbo, uint32_t sbo, int r, int k) {
+      return start + (r / 64) * lbo + (k / 8) * sbo + (k % 8) * 128 + 2 * (r % 64);
+    };
     for (int m = 0; m < 64; ++m)
-      for (int k = 0; k < 16; ++k) A[m][k] = load(a0 + (m / 8) * op.a_sbo + (m % 8) * 128 + 2 * k);
+      for (int k = 0; k < 16; ++k)
+        A[m][k] = load(kTransA ? mn_major(a0, op.a_lbo, op.a_sbo, m, k) : k_major(a0, op.a_sbo, m, k));
     for (int k = 0; k < 16; ++k)
       for (int n = 0; n < N; ++n)
-        B[k][n] = load(b0 + (n / 64) * op.b_lbo + (k / 8) * op.b_sbo + (k % 8) * 128 + 2 * (n % 64));
+        B[k][n] = load(kTransB ? mn_major(b0, op.b_lbo, op.b_sbo, n, k) : k_major(b0, op.b_sbo, n, k));
     float* result = reinterpret_cast<float*>(out);
     for (int t = 0; t < 128; ++t) {
       const int w = t / 32, l = t % 32;

@@ -210,6 +210,63 @@ TEST_P(TensorCoreGemmTest, WgmmaReadsTheDocumentedOperandLayouts) {
   }
 }
 
+// gemm() under GemmStrategy::TensorCore with the layouts of a training step's products: x @ W^T + b (b stored [N, K],
+// a bias), x^T @ g (a stored [K, M]) and a plain product with a bias, against float64. On Hopper the wgmma kernel takes
+// them (tensor_core_gemm_takes); elsewhere cuBLASLt does, and the results must agree either way.
+TEST_P(TensorCoreGemmTest, GemmStrategyTakesTransposedOperandsAndBias) {
+  EMBER_SKIP_WITHOUT_CUDA();
+  struct Reset {
+    cuda::GemmStrategy saved = cuda::gemm_strategy();
+    ~Reset() {
+      cuda::set_gemm_strategy(saved);
+      cuda::set_wgmma_config({});
+    }
+  } reset;
+  cuda::set_gemm_strategy(cuda::GemmStrategy::TensorCore);
+  const GemmShape s{2, 136, 264, 72};
+  struct Case {
+    bool a_t, b_t, bias;
+  };
+  // Each tile width and cluster size of the wgmma kernel (where it runs; elsewhere the same cuBLASLt call four times).
+  for (const cuda::WgmmaConfig config :
+       {cuda::WgmmaConfig{64, 1}, cuda::WgmmaConfig{256, 1}, cuda::WgmmaConfig{128, 2}, cuda::WgmmaConfig{256, 2}}) {
+    cuda::set_wgmma_config(config);
+    for (DType dtype : {DType::f16, DType::bf16}) {
+      for (const Case c : {Case{false, true, true}, Case{true, false, false}, Case{false, false, true}}) {
+        SCOPED_TRACE(detail::concat(dtype_name(dtype), c.a_t ? " a [K, M]" : "", c.b_t ? " b [N, K]" : "",
+                                    c.bias ? " bias" : "", " (wgmma width ", config.tile_width, ", cluster ",
+                                    config.cluster, ")"));
+        // Stored operands; the reference reads them through the same strides.
+        const Tensor a = rand_input({s.batch, c.a_t ? s.K : s.M, c.a_t ? s.M : s.K}).to(dtype).to(device());
+        const Tensor b = rand_input({s.batch, c.b_t ? s.N : s.K, c.b_t ? s.K : s.N}).to(dtype).to(device());
+        const Tensor bias = rand_input({s.N}).to(dtype).to(device());
+        const Tensor out = empty({s.batch, s.M, s.N}, {dtype, device()});
+        const cuda::MatrixRef ra{a.raw_data(), s.M * s.K, c.a_t ? 1 : s.K, c.a_t ? s.M : 1};
+        const cuda::MatrixRef rb{b.raw_data(), s.K * s.N, c.b_t ? 1 : s.N, c.b_t ? s.K : 1};
+        cuda::gemm(dtype, s.batch, s.M, s.N, s.K, ra, rb, out.raw_data(), s.M * s.N, s.N, 1.0, 0.0, device().index,
+                   cuda::current_stream(device().index).get(), c.bias ? bias.raw_data() : nullptr);
+        const std::vector<double> av = a.to_vector<double>(), bv = b.to_vector<double>(),
+                                  biasv = bias.to_vector<double>();
+        std::vector<double> a_rm(av.size()), b_rm(bv.size());  // row-major [batch, M, K] and [batch, K, N]
+        for (int64_t z = 0; z < s.batch; ++z)
+          for (int64_t i = 0; i < s.M; ++i)
+            for (int64_t k = 0; k < s.K; ++k)
+              a_rm[static_cast<size_t>((z * s.M + i) * s.K + k)] =
+                  av[static_cast<size_t>(z * s.M * s.K + (c.a_t ? k * s.M + i : i * s.K + k))];
+        for (int64_t z = 0; z < s.batch; ++z)
+          for (int64_t k = 0; k < s.K; ++k)
+            for (int64_t j = 0; j < s.N; ++j)
+              b_rm[static_cast<size_t>((z * s.K + k) * s.N + j)] =
+                  bv[static_cast<size_t>(z * s.K * s.N + (c.b_t ? j * s.K + k : k * s.N + j))];
+        std::vector<double> expected = reference_bmm(a_rm, b_rm, s);
+        if (c.bias)
+          for (size_t i = 0; i < expected.size(); ++i) expected[i] += biasv[i % static_cast<size_t>(s.N)];
+        EXPECT_LE(normalised_error(out.to_vector<double>(), expected), kMaxNormalisedError);
+      }
+    }
+  }
+}
+
 TEST_P(TensorCoreGemmTest, EmptyKGivesZeros) {
   EMBER_SKIP_WITHOUT_CUDA();
   const Tensor out = empty({2, 5, 7}, {DType::bf16, device()});  // NaN-poisoned by the test allocator

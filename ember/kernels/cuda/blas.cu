@@ -278,7 +278,7 @@ struct PlanKey {
   int64_t lda = 0, ldb = 0, ldd = 0;
   int64_t stride_a = 0, stride_b = 0, stride_d = 0;
   uint32_t align_a = 0, align_b = 0, align_d = 0;
-  bool bias = false;         // CUBLASLT_EPILOGUE_BIAS (Note [Bias epilogue])
+  bool bias = false;        // CUBLASLT_EPILOGUE_BIAS (Note [Bias epilogue])
   uint32_t align_bias = 0;  // the bias pointer's alignment, which the heuristic reads off the pointer
   auto operator<=>(const PlanKey&) const = default;
 };
@@ -449,6 +449,16 @@ bool dense_row_major(const MatrixRef& m, int64_t batch, int64_t rows, int64_t co
          (batch == 1 || m.batch_stride == rows * cols);
 }
 
+// Whether m is dense as stored: row-major [batch, rows, cols] (*transposed false) or its transpose, [batch, cols, rows]
+// row-major (*transposed true).
+bool dense_storage(const MatrixRef& m, int64_t batch, int64_t rows, int64_t cols, bool* transposed) {
+  *transposed = false;
+  if (dense_row_major(m, batch, rows, cols)) return true;
+  *transposed = (rows == 1 || m.row_stride == 1) && (cols == 1 || m.col_stride == rows) &&
+                (batch == 1 || m.batch_stride == rows * cols);
+  return *transposed;
+}
+
 // ---- strategy ---------------------------------------------------------------------------------------------------
 
 std::atomic<int> g_strategy{-1};  // -1: not yet read from EMBER_GEMM
@@ -482,8 +492,7 @@ int64_t gemm_bias_fallbacks() { return g_bias_fallbacks.load(std::memory_order_r
 void gemm(DType dtype, int64_t batch, int64_t M, int64_t N, int64_t K, const MatrixRef& a, const MatrixRef& b,
           void* out, int64_t out_batch_stride, int64_t ldo, double alpha, double beta, int device, cudaStream_t stream,
           const void* bias) {
-  EMBER_CHECK(is_floating(dtype), DTypeError,
-              "gemm: expects f32, f64, f16 or bf16, got ", dtype_name(dtype));
+  EMBER_CHECK(is_floating(dtype), DTypeError, "gemm: expects f32, f64, f16 or bf16, got ", dtype_name(dtype));
   EMBER_CHECK(batch >= 0 && M >= 0 && N >= 0 && K >= 0, ShapeError, "gemm: negative size in batch ", batch,
               " (M, N, K) = (", M, ", ", N, ", ", K, ")");
   if (batch == 0 || M == 0 || N == 0) return;
@@ -505,11 +514,19 @@ void gemm(DType dtype, int64_t batch, int64_t M, int64_t N, int64_t K, const Mat
     if (beta != 1.0) scale_output(dtype, batch, M, N, out, out_batch_stride, ldo, beta, device, stream);
     return;
   }
-  if (bias == nullptr && gemm_strategy() == GemmStrategy::TensorCore && is_reduced_float(dtype) &&
-      alpha == 1.0 && beta == 0.0 && dense_row_major(a, batch, M, K) && dense_row_major(b, batch, K, N) && ldo == N &&
-      (batch == 1 || out_batch_stride == M * N)) {
-    tensor_core_gemm(dtype, batch, M, N, K, a.data, b.data, out, stream);
-    return;
+  // The hand-written kernels take dense operands in either storage order (a weight W read as W^T, a gradient's x^T)
+  // and the bias into a dense output, where tensor_core_gemm_takes says one of them applies.
+  if (gemm_strategy() == GemmStrategy::TensorCore && is_reduced_float(dtype) && alpha == 1.0 && beta == 0.0 &&
+      ldo == N && (batch == 1 || out_batch_stride == M * N)) {
+    TcGemmOperands ops;
+    ops.a = a.data;
+    ops.b = b.data;
+    ops.bias = bias;
+    if (dense_storage(a, batch, M, K, &ops.a_transposed) && dense_storage(b, batch, K, N, &ops.b_transposed) &&
+        tensor_core_gemm_takes(dtype, M, N, K, ops, device)) {
+      tensor_core_gemm(dtype, batch, M, N, K, ops, out, stream);
+      return;
+    }
   }
   // Packed copies (if any) live until every product that reads them is enqueued; like the workspace, they go back
   // to the pool for `stream`, behind the products.

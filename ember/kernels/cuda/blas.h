@@ -42,17 +42,35 @@ void gemm(DType dtype, int64_t batch, int64_t M, int64_t N, int64_t K, const Mat
 // How many gemm() calls with a bias took the fallback (bias rows + accumulate) since the process started.
 int64_t gemm_bias_fallbacks();
 
-// The hand-written tensor-core GEMMs (f16/bf16 in, f32 accumulate): out[b] = a[b] @ bm[b] for contiguous row-major
-// a [batch, M, K], b [batch, K, N] and out [batch, M, N] (batch strides M*K, K*N, M*N; any M, N, K >= 1). dtype is
-// f16 or bf16. `kernel` picks the implementation:
-//   MmaSync: mma.sync m16n8k16 with a cp.async pipeline (sm_80 and later; Note [Tensor-core GEMM]);
-//   Wgmma:   wgmma + TMA with warp-specialised warpgroups (Hopper, a build with sm_90a code, K and N multiples of 8,
-//            a and b 16-byte aligned; Note [Hopper GEMM]); DeviceError or ShapeError where it does not apply;
+// The hand-written tensor-core GEMMs (f16/bf16 in, f32 accumulate): out[b] = a[b] @ bm[b] (+ bias) into a contiguous
+// row-major out [batch, M, N]. The operands are contiguous: a is [batch, M, K] row-major, or with a_transposed stored
+// [batch, K, M] (a[b] is that matrix's transpose: a weight gradient's x^T); b is [batch, K, N], or with b_transposed
+// stored [batch, N, K] (a linear layer's weight W in x @ W^T); bias (optional) holds N elements of dtype, added to
+// every row before the one rounding. Any M, N, K >= 1; dtype f16 or bf16. `kernel` picks the implementation:
+//   MmaSync: mma.sync m16n8k16 with a cp.async pipeline (sm_80 and later; Note [Tensor-core GEMM]); neither operand
+//            transposed, no bias (ShapeError otherwise);
+//   Wgmma:   wgmma + TMA with warp-specialised warpgroups (Hopper, a build with sm_90a code; Note [Hopper GEMM]): N and
+//            the stored rows of a and b multiples of 8, a and b 16-byte aligned, not both transposed; DeviceError or
+//            ShapeError where it does not apply;
 //   Auto:    Wgmma where it applies, else MmaSync.
-// Exposed for the benchmarks, which compare them with cuBLASLt on the same operands.
+// Exposed for the benchmarks, which compare them with cuBLASLt on the same operands, and taken by gemm() under
+// GemmStrategy::TensorCore where tensor_core_gemm_takes says so.
 enum class TcGemmKernel : int8_t { Auto, MmaSync, Wgmma };
+struct TcGemmOperands {
+  const void* a = nullptr;
+  bool a_transposed = false;
+  const void* b = nullptr;
+  bool b_transposed = false;
+  const void* bias = nullptr;
+};
+void tensor_core_gemm(DType dtype, int64_t batch, int64_t M, int64_t N, int64_t K, const TcGemmOperands& ops, void* out,
+                      cudaStream_t stream, TcGemmKernel kernel = TcGemmKernel::Auto);
+// The same for row-major a [batch, M, K] and b [batch, K, N] without a bias.
 void tensor_core_gemm(DType dtype, int64_t batch, int64_t M, int64_t N, int64_t K, const void* a, const void* b,
                       void* out, cudaStream_t stream, TcGemmKernel kernel = TcGemmKernel::Auto);
+// Whether tensor_core_gemm with kernel Auto takes these operands on `device` (a reduced-float dtype and a kernel that
+// applies) rather than raising.
+bool tensor_core_gemm_takes(DType dtype, int64_t M, int64_t N, int64_t K, const TcGemmOperands& ops, int device);
 // Whether the Hopper kernel can run on `device`: compute capability 9.x, enough shared memory, and sm_90a code in
 // this build (CMAKE_CUDA_ARCHITECTURES 90a; a plain 90 build lacks wgmma). Checked once per device by a probe kernel.
 bool wgmma_gemm_supported(int device);

@@ -91,39 +91,61 @@ void launch_tc_gemm(int64_t batch, int64_t M, int64_t N, int64_t K, const void* 
 
 // ---- entry point ------------------------------------------------------------------------------------------------
 
-void tensor_core_gemm(DType dtype, int64_t batch, int64_t M, int64_t N, int64_t K, const void* a, const void* b,
-                      void* out, cudaStream_t stream, TcGemmKernel kernel) {
+void tensor_core_gemm(DType dtype, int64_t batch, int64_t M, int64_t N, int64_t K, const TcGemmOperands& ops, void* out,
+                      cudaStream_t stream, TcGemmKernel kernel) {
   EMBER_CHECK(is_reduced_float(dtype), DTypeError, "tensor_core_gemm: dtype ", dtype_name(dtype),
               " is not supported (f16 or bf16)");
   EMBER_CHECK(batch >= 0 && M >= 0 && N >= 0 && K >= 0, ShapeError, "tensor_core_gemm: negative size (batch ", batch,
               ", M ", M, ", N ", N, ", K ", K, ")");
   if (batch == 0 || M == 0 || N == 0) return;
   EMBER_CHECK(out != nullptr, ValueError, "tensor_core_gemm: null output for [", batch, ", ", M, ", ", N, "]");
+  const bool plain = !ops.a_transposed && !ops.b_transposed && ops.bias == nullptr;
+  EMBER_CHECK(K > 0 || ops.bias == nullptr, ShapeError, "tensor_core_gemm: K = 0 with a bias (gemm() handles it)");
   if (K == 0) {  // empty sums: out = 0 (+0 is the all-zero bit pattern in f16 and bf16)
     EMBER_CUDA_CHECK(cudaMemsetAsync(out, 0, static_cast<size_t>(batch * M * N) * sizeof(uint16_t), stream));
     return;
   }
-  EMBER_CHECK(a != nullptr && b != nullptr, ValueError, "tensor_core_gemm: null operand for [", batch, ", ", M, ", ", K,
-              "] @ [", batch, ", ", K, ", ", N, "]");
+  EMBER_CHECK(ops.a != nullptr && ops.b != nullptr, ValueError, "tensor_core_gemm: null operand for [", batch, ", ", M,
+              ", ", K, "] @ [", batch, ", ", K, ", ", N, "]");
   if (kernel != TcGemmKernel::MmaSync) {
     int device = 0;
     EMBER_CUDA_CHECK(cudaGetDevice(&device));
-    if (wgmma_gemm_applies(M, N, K, a, b, device)) {
-      wgmma_gemm(dtype, batch, M, N, K, a, b, out, stream);
+    if (wgmma_gemm_applies(M, N, K, ops, device)) {
+      wgmma_gemm(dtype, batch, M, N, K, ops, out, stream);
       return;
     }
     if (kernel == TcGemmKernel::Wgmma) {
-      EMBER_CHECK(wgmma_gemm_supported(device), DeviceError, "tensor_core_gemm: the wgmma kernel needs sm_90 and a build ",
-                  "with sm_90a code; ", device_properties(device).summary(), " does not run it");
+      EMBER_CHECK(wgmma_gemm_supported(device), DeviceError,
+                  "tensor_core_gemm: the wgmma kernel needs sm_90 and a build ", "with sm_90a code; ",
+                  device_properties(device).summary(), " does not run it");
       EMBER_CHECK(false, ShapeError, "tensor_core_gemm: the wgmma kernel does not take [", batch, ", ", M, ", ", K,
-                  "] @ [", batch, ", ", K, ", ", N, "] (K and N must be multiples of 8, a and b 16-byte aligned)");
+                  "] @ [", batch, ", ", K, ", ", N, "]", ops.a_transposed ? " (a transposed)" : "",
+                  ops.b_transposed ? " (b transposed)" : "",
+                  " (N and the stored rows must be multiples of 8, a and b 16-byte aligned, not both transposed)");
     }
   }
+  EMBER_CHECK(plain, ShapeError, "tensor_core_gemm: the mma.sync kernel takes row-major a @ b without a bias; got",
+              ops.a_transposed ? " a transposed" : "", ops.b_transposed ? " b transposed" : "",
+              ops.bias != nullptr ? " a bias" : "", " for [", M, ", ", K, "] @ [", K, ", ", N, "]");
   if (dtype == DType::f16) {
-    launch_tc_gemm<Half>(batch, M, N, K, a, b, out, stream);
+    launch_tc_gemm<Half>(batch, M, N, K, ops.a, ops.b, out, stream);
   } else {
-    launch_tc_gemm<BFloat16>(batch, M, N, K, a, b, out, stream);
+    launch_tc_gemm<BFloat16>(batch, M, N, K, ops.a, ops.b, out, stream);
   }
+}
+
+void tensor_core_gemm(DType dtype, int64_t batch, int64_t M, int64_t N, int64_t K, const void* a, const void* b,
+                      void* out, cudaStream_t stream, TcGemmKernel kernel) {
+  TcGemmOperands ops;
+  ops.a = a;
+  ops.b = b;
+  tensor_core_gemm(dtype, batch, M, N, K, ops, out, stream, kernel);
+}
+
+bool tensor_core_gemm_takes(DType dtype, int64_t M, int64_t N, int64_t K, const TcGemmOperands& ops, int device) {
+  if (!is_reduced_float(dtype) || K <= 0) return false;
+  if (!ops.a_transposed && !ops.b_transposed && ops.bias == nullptr) return true;  // mma.sync takes any such
+  return wgmma_gemm_applies(M, N, K, ops, device);
 }
 
 }  // namespace ember::cuda

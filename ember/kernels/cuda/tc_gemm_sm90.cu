@@ -36,9 +36,10 @@ constexpr size_t kSmemBytes = std::max({Tile<256>::kSmemBytes, Tile<128>::kSmemB
 
 // Raises a kernel's shared-memory limit; false when its register count is not the 168 that its setmaxnreg split
 // assumes (Note [Hopper GEMM], "Registers": fewer would hang the consumers).
-template <int BN, int kCluster>
-bool prepare_kernels() {
-  for (auto* kernel : {wgmma_gemm_kernel<Half, BN, kCluster>, wgmma_gemm_kernel<BFloat16, BN, kCluster>}) {
+template <int BN, int kCluster, bool kAMajorM, bool kBMajorK>
+bool prepare_kernel() {
+  for (auto* kernel : {wgmma_gemm_kernel<Half, BN, kCluster, kAMajorM, kBMajorK>,
+                       wgmma_gemm_kernel<BFloat16, BN, kCluster, kAMajorM, kBMajorK>}) {
     cudaFuncAttributes attributes{};
     EMBER_CUDA_CHECK(cudaFuncGetAttributes(&attributes, kernel));
     if (attributes.numRegs != 168) return false;
@@ -46,6 +47,14 @@ bool prepare_kernels() {
                                           static_cast<int>(Tile<BN>::kSmemBytes)));
   }
   return true;
+}
+
+// Every tile width and cluster size of one operand layout.
+template <bool kAMajorM, bool kBMajorK>
+bool prepare_layout() {
+  return prepare_kernel<256, 1, kAMajorM, kBMajorK>() && prepare_kernel<128, 1, kAMajorM, kBMajorK>() &&
+         prepare_kernel<64, 1, kAMajorM, kBMajorK>() && prepare_kernel<256, 2, kAMajorM, kBMajorK>() &&
+         prepare_kernel<128, 2, kAMajorM, kBMajorK>();
 }
 
 // A launch configuration of `grid` blocks of the kernel, in clusters of kCluster along x.
@@ -117,8 +126,7 @@ const DeviceState& probe_device(int device) {
     bool ok = launch == cudaSuccess && cudaDeviceSynchronize() == cudaSuccess && *flag == 1;
     (void)cudaGetLastError();
     EMBER_CUDA_CHECK(cudaFreeHost(flag));
-    ok = ok && prepare_kernels<256, 1>() && prepare_kernels<128, 1>() && prepare_kernels<64, 1>() &&
-         prepare_kernels<256, 2>() && prepare_kernels<128, 2>();
+    ok = ok && prepare_layout<false, false>() && prepare_layout<false, true>() && prepare_layout<true, false>();
     if (ok) {
       st.clusters_128 = max_active_clusters<128>();
       st.clusters_256 = max_active_clusters<256>();
@@ -184,14 +192,16 @@ void set_wgmma_config(const WgmmaConfig& config) {
   g_cluster.store(config.cluster);
 }
 
-bool wgmma_gemm_applies(int64_t M, int64_t N, int64_t K, const void* a, const void* b, int device) {
-  return K % 8 == 0 && N % 8 == 0 && aligned16(a) && aligned16(b) && M < INT32_MAX && N < INT32_MAX && K < INT32_MAX &&
-         wgmma_gemm_supported(device);
+bool wgmma_gemm_applies(int64_t M, int64_t N, int64_t K, const TcGemmOperands& ops, int device) {
+  const int64_t a_row = ops.a_transposed ? M : K, b_row = ops.b_transposed ? K : N;  // elements per stored row
+  return !(ops.a_transposed && ops.b_transposed) && N % 8 == 0 && a_row % 8 == 0 && b_row % 8 == 0 &&
+         aligned16(ops.a) && aligned16(ops.b) && reinterpret_cast<uintptr_t>(ops.bias) % 2 == 0 && M < INT32_MAX &&
+         N < INT32_MAX && K < INT32_MAX && wgmma_gemm_supported(device);
 }
 
 namespace {
 
-template <int BN, int kCluster>
+template <int BN, int kCluster, bool kAMajorM, bool kBMajorK>
 void launch(DType dtype, int64_t batch, int max_clusters, const CUtensorMap& map_a, const CUtensorMap& map_b,
             WgmmaGemmParams p, cudaStream_t stream) {
   p.m_tiles = (p.M + int64_t{kBlockM} * kCluster - 1) / (int64_t{kBlockM} * kCluster);
@@ -201,9 +211,11 @@ void launch(DType dtype, int64_t batch, int max_clusters, const CUtensorMap& map
   const unsigned grid = static_cast<unsigned>((p.tiles < max_clusters ? p.tiles : max_clusters) * kCluster);
   if constexpr (kCluster == 1) {
     if (dtype == DType::f16) {
-      wgmma_gemm_kernel<Half, BN, 1><<<grid, kThreads, Tile<BN>::kSmemBytes, stream>>>(map_a, map_b, p);
+      wgmma_gemm_kernel<Half, BN, 1, kAMajorM, kBMajorK>
+          <<<grid, kThreads, Tile<BN>::kSmemBytes, stream>>>(map_a, map_b, p);
     } else {
-      wgmma_gemm_kernel<BFloat16, BN, 1><<<grid, kThreads, Tile<BN>::kSmemBytes, stream>>>(map_a, map_b, p);
+      wgmma_gemm_kernel<BFloat16, BN, 1, kAMajorM, kBMajorK>
+          <<<grid, kThreads, Tile<BN>::kSmemBytes, stream>>>(map_a, map_b, p);
     }
     EMBER_CUDA_LAUNCH_CHECK();
   } else {
@@ -244,33 +256,55 @@ WgmmaConfig wgmma_config_for(int64_t batch, int64_t M, int64_t N, int sm_count, 
   return best;
 }
 
-void wgmma_gemm(DType dtype, int64_t batch, int64_t M, int64_t N, int64_t K, const void* a, const void* b, void* out,
+namespace {
+
+// The launch for one operand layout, at the configuration c.
+template <bool kAMajorM, bool kBMajorK>
+void launch_layout(const WgmmaConfig& c, const DeviceState& st, int sm_count, DType dtype, int64_t batch,
+                   const CUtensorMap& map_a, const CUtensorMap& map_b, const WgmmaGemmParams& p, cudaStream_t stream) {
+  if (c.cluster == 2) {
+    if (c.tile_width == 256) {
+      launch<256, 2, kAMajorM, kBMajorK>(dtype, batch, st.clusters_256, map_a, map_b, p, stream);
+    } else {
+      launch<128, 2, kAMajorM, kBMajorK>(dtype, batch, st.clusters_128, map_a, map_b, p, stream);
+    }
+  } else if (c.tile_width == 256) {
+    launch<256, 1, kAMajorM, kBMajorK>(dtype, batch, sm_count, map_a, map_b, p, stream);
+  } else if (c.tile_width == 128) {
+    launch<128, 1, kAMajorM, kBMajorK>(dtype, batch, sm_count, map_a, map_b, p, stream);
+  } else {
+    launch<64, 1, kAMajorM, kBMajorK>(dtype, batch, sm_count, map_a, map_b, p, stream);
+  }
+}
+
+}  // namespace
+
+void wgmma_gemm(DType dtype, int64_t batch, int64_t M, int64_t N, int64_t K, const TcGemmOperands& ops, void* out,
                 cudaStream_t stream) {
   int device = 0;
   EMBER_CUDA_CHECK(cudaGetDevice(&device));
   const DeviceState& st = probe_device(device);
   const int sm_count = device_properties(device).sm_count;
   const WgmmaConfig c = wgmma_config_for(batch, M, N, sm_count, wgmma_max_clusters(device));
-  const CUtensorMap map_a = tensor_map(dtype, a, batch, M, K, kBlockK, kBlockM);
-  const CUtensorMap map_b = tensor_map(dtype, b, batch, K, N, kBoxN, kBlockK);
+  // Boxes of 64 x 64 for the transposed layouts (Note [Hopper GEMM], "Layouts"), else A's 64 K x 128 M and B's
+  // 64 N x 64 K.
+  const CUtensorMap map_a = ops.a_transposed ? tensor_map(dtype, ops.a, batch, K, M, 64, 64)
+                                             : tensor_map(dtype, ops.a, batch, M, K, kBlockK, kBlockM);
+  const CUtensorMap map_b = ops.b_transposed ? tensor_map(dtype, ops.b, batch, N, K, kBlockK, kBoxN)
+                                             : tensor_map(dtype, ops.b, batch, K, N, kBoxN, kBlockK);
   WgmmaGemmParams p{};
   p.out = static_cast<uint16_t*>(out);
+  p.bias = static_cast<const uint16_t*>(ops.bias);
   p.M = M;
   p.N = N;
   p.K = K;
   p.out_vec2 = reinterpret_cast<uintptr_t>(out) % 4 == 0;  // N is even (a multiple of 8)
-  if (c.cluster == 2) {
-    if (c.tile_width == 256) {
-      launch<256, 2>(dtype, batch, st.clusters_256, map_a, map_b, p, stream);
-    } else {
-      launch<128, 2>(dtype, batch, st.clusters_128, map_a, map_b, p, stream);
-    }
-  } else if (c.tile_width == 256) {
-    launch<256, 1>(dtype, batch, sm_count, map_a, map_b, p, stream);
-  } else if (c.tile_width == 128) {
-    launch<128, 1>(dtype, batch, sm_count, map_a, map_b, p, stream);
+  if (ops.a_transposed) {
+    launch_layout<true, false>(c, st, sm_count, dtype, batch, map_a, map_b, p, stream);
+  } else if (ops.b_transposed) {
+    launch_layout<false, true>(c, st, sm_count, dtype, batch, map_a, map_b, p, stream);
   } else {
-    launch<64, 1>(dtype, batch, sm_count, map_a, map_b, p, stream);
+    launch_layout<false, false>(c, st, sm_count, dtype, batch, map_a, map_b, p, stream);
   }
 }
 

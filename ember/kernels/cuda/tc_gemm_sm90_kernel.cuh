@@ -59,6 +59,13 @@ namespace ember::cuda::sm90 {
 //     elements per 128-byte row, K rows 128 bytes apart, 8-row groups SBO = 1024 bytes apart, and the next 64 columns
 //     (the next TMA box) LBO = 8 KiB away; k16 step kk adds 16 rows = 2 KiB to the start address.
 //
+// Layouts. a may also be stored [K, M] (M-major: the transposed operand of a weight gradient, x^T @ g) and b [N, K]
+// (K-major: a linear layer's weight, x @ W^T); wgmma reads either from shared memory (imm-trans-a / imm-trans-b). An
+// M-major A stage is two boxes of 64 M columns x 64 K rows (consumer c's 64 rows are box c; k16 steps 16 rows =
+// 2 KiB, as B's N-major); a K-major B stage is BN / 64 boxes of 64 K columns x 64 N rows, which stack into BN rows of
+// 128 bytes read like A's K-major rows (SBO 1024, k16 steps 32 bytes). The layout with both operands transposed goes
+// to cuBLASLt. An optional bias (N elements of T) is added to the f32 sums before the one rounding.
+//
 // Pipeline. full[s] (count 1) completes when the producer has armed it with the stage's byte count
 // (arrive.expect_tx) and the TMA copies have delivered those bytes; empty[s] (count 2, 4 in a cluster) completes when
 // the consumers have finished reading the stage. With it counting the block's k tiles over all its tiles, stage it %
@@ -93,7 +100,8 @@ struct Tile {
 };
 
 struct WgmmaGemmParams {
-  uint16_t* out;  // [batch, M, N] row-major, 16-bit elements
+  uint16_t* out;         // [batch, M, N] row-major, 16-bit elements
+  const uint16_t* bias;  // N elements added to every row before the rounding, or null
   int64_t M, N, K;
   int64_t m_tiles, n_tiles;  // m_tiles counts tiles of 128 * cluster rows (one per cluster)
   int64_t tiles;             // batch * m_tiles * n_tiles
@@ -115,7 +123,9 @@ EMBER_HD_INLINE TileCoord tile_coord(const WgmmaGemmParams& p, int64_t tile, int
   return {batch, (first_m + in_batch % per_group % group_m) * rows_per_tile, in_batch % per_group / group_m * BN};
 }
 
-template <class T, int BN, int kCluster>
+// kAMajorM: a is stored [batch, K, M] (M-major) instead of [batch, M, K]; kBMajorK: b is stored [batch, N, K]
+// (K-major) instead of [batch, K, N] (Note [Hopper GEMM], "Layouts").
+template <class T, int BN, int kCluster, bool kAMajorM = false, bool kBMajorK = false>
 __global__ void __launch_bounds__(kThreads, 1)
     wgmma_gemm_kernel(const __grid_constant__ TmaDescriptor map_a, const __grid_constant__ TmaDescriptor map_b,
                       const WgmmaGemmParams p) {
@@ -164,13 +174,20 @@ __global__ void __launch_bounds__(kThreads, 1)
             }
           }
           mbar_arrive_expect_tx(&full[s], kStageBytes);
-          tma_load_3d(stage_a(s), &map_a, kt * kBlockK, m0, batch, &full[s]);
-          // B: every box, or in a cluster this block's share of them, multicast to every block of the cluster.
+          if constexpr (kAMajorM) {  // two boxes of 64 M columns x 64 K rows
+            tma_load_3d(stage_a(s), &map_a, m0, kt * kBlockK, batch, &full[s]);
+            tma_load_3d(stage_a(s) + kBBoxBytes, &map_a, m0 + 64, kt * kBlockK, batch, &full[s]);
+          } else {  // one box of 64 K columns x 128 M rows
+            tma_load_3d(stage_a(s), &map_a, kt * kBlockK, m0, batch, &full[s]);
+          }
+          // B: every box, or in a cluster this block's share of them, multicast to every block of the cluster. A box
+          // is 64 N columns x 64 K rows, or K-major 64 K columns x 64 N rows.
           for (int j = rank; j < BN / kBoxN; j += kCluster) {
+            const int c0 = kBMajorK ? kt * kBlockK : n0 + j * kBoxN, c1 = kBMajorK ? n0 + j * kBoxN : kt * kBlockK;
             if constexpr (kCluster == 1) {
-              tma_load_3d(stage_b(s) + j * kBBoxBytes, &map_b, n0 + j * kBoxN, kt * kBlockK, batch, &full[s]);
+              tma_load_3d(stage_b(s) + j * kBBoxBytes, &map_b, c0, c1, batch, &full[s]);
             } else {
-              tma_load_3d_multicast(stage_b(s) + j * kBBoxBytes, &map_b, n0 + j * kBoxN, kt * kBlockK, batch, &full[s],
+              tma_load_3d_multicast(stage_b(s) + j * kBBoxBytes, &map_b, c0, c1, batch, &full[s],
                                     static_cast<uint16_t>((1u << kCluster) - 1u));
             }
           }
@@ -205,7 +222,11 @@ __global__ void __launch_bounds__(kThreads, 1)
         wgmma_fence();
         EMBER_UNROLL
         for (int kk = 0; kk < kBlockK / 16; ++kk)
-          wgmma_m64nk16<T, BN>(d, SmemOperand{a + kk * 32, 16, 1024}, SmemOperand{b + kk * 2048, kBBoxBytes, 1024}, 1);
+          // A: K-major, k16 step 32 bytes along the rows; M-major, 16 K rows of 128 bytes (the 64 rows are one box).
+          // B: N-major, 16 K rows of 128 bytes, the next 64 columns a box (8 KiB) away; K-major, 32 bytes along rows.
+          wgmma_m64nk16<T, BN, kAMajorM, !kBMajorK>(
+              d, kAMajorM ? SmemOperand{a + kk * 2048, kBBoxBytes, 1024} : SmemOperand{a + kk * 32, 16, 1024},
+              kBMajorK ? SmemOperand{b + kk * 32, 16, 1024} : SmemOperand{b + kk * 2048, kBBoxBytes, 1024}, 1);
         wgmma_commit();
         wgmma_wait<1>();
         if (kt > 0 && t == 0) release(static_cast<int>((it - 1) % kStages));
@@ -226,7 +247,12 @@ __global__ void __launch_bounds__(kThreads, 1)
           const int64_t col = at.n0 + 8 * j + 2 * (lane % 4);
           if (col >= p.N) continue;
           uint16_t* dst = out + row * p.N + col;
-          const uint32_t pair = pack2<T>(d[4 * j + 2 * h], d[4 * j + 2 * h + 1]);
+          float lo = d[4 * j + 2 * h], hi = d[4 * j + 2 * h + 1];
+          if (p.bias != nullptr) {  // col + 1 < N: N is a multiple of 8
+            lo += static_cast<float>(T::from_bits(p.bias[col]));
+            hi += static_cast<float>(T::from_bits(p.bias[col + 1]));
+          }
+          const uint32_t pair = pack2<T>(lo, hi);
           if (p.out_vec2) {
             *reinterpret_cast<uint32_t*>(dst) = pair;
           } else {

@@ -181,20 +181,20 @@ __device__ __forceinline__ uint64_t smem_descriptor(const SmemOperand& op) {
          (static_cast<uint64_t>((op.sbo & 0x3FFFFu) >> 4) << 32) | (uint64_t{1} << 62);
 }
 
-#define EMBER_WGMMA_M64N64K16(TYPE) \
+#define EMBER_WGMMA_M64N64K16(TYPE, TA, TB) \
   asm volatile( \
   "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n" \
   "wgmma.mma_async.sync.aligned.m64n64k16.f32." TYPE "." TYPE " {" \
   "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, " \
   "%21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31" \
-  "}, %32, %33, p, 1, 1, 0, 1;\n}\n" \
+  "}, %32, %33, p, 1, 1, %35, %36;\n}\n" \
   : \
     "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), \
     "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), \
     "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), \
     "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]) \
-  : "l"(desc_a), "l"(desc_b), "r"(scale_d))
-#define EMBER_WGMMA_M64N128K16(TYPE) \
+  : "l"(desc_a), "l"(desc_b), "r"(scale_d), "n"(TA), "n"(TB))
+#define EMBER_WGMMA_M64N128K16(TYPE, TA, TB) \
   asm volatile( \
   "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n" \
   "wgmma.mma_async.sync.aligned.m64n128k16.f32." TYPE "." TYPE " {" \
@@ -202,7 +202,7 @@ __device__ __forceinline__ uint64_t smem_descriptor(const SmemOperand& op) {
   "%21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, " \
   "%40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, " \
   "%59, %60, %61, %62, %63" \
-  "}, %64, %65, p, 1, 1, 0, 1;\n}\n" \
+  "}, %64, %65, p, 1, 1, %67, %68;\n}\n" \
   : \
     "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), \
     "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), \
@@ -212,8 +212,8 @@ __device__ __forceinline__ uint64_t smem_descriptor(const SmemOperand& op) {
     "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), \
     "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), \
     "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]) \
-  : "l"(desc_a), "l"(desc_b), "r"(scale_d))
-#define EMBER_WGMMA_M64N256K16(TYPE) \
+  : "l"(desc_a), "l"(desc_b), "r"(scale_d), "n"(TA), "n"(TB))
+#define EMBER_WGMMA_M64N256K16(TYPE, TA, TB) \
   asm volatile( \
   "{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n" \
   "wgmma.mma_async.sync.aligned.m64n256k16.f32." TYPE "." TYPE " {" \
@@ -224,7 +224,7 @@ __device__ __forceinline__ uint64_t smem_descriptor(const SmemOperand& op) {
   "%78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, " \
   "%97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, " \
   "%113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127" \
-  "}, %128, %129, p, 1, 1, 0, 1;\n}\n" \
+  "}, %128, %129, p, 1, 1, %131, %132;\n}\n" \
   : \
     "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), \
     "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), \
@@ -242,12 +242,12 @@ __device__ __forceinline__ uint64_t smem_descriptor(const SmemOperand& op) {
     "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]), \
     "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), \
     "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127]) \
-  : "l"(desc_a), "l"(desc_b), "r"(scale_d))
+  : "l"(desc_a), "l"(desc_b), "r"(scale_d), "n"(TA), "n"(TB))
 
-// d (64 x N per warpgroup, f32, fragment layout of Note [Hopper GEMM]) = a (64 x 16, K-major) @ b (16 x N, N-major)
-// + (scale_d ? d : 0), for N = 64, 128 or 256, asynchronously: wgmma_commit, then wgmma_wait, before d is read or a,
-// b overwritten.
-template <class T, int N>
+// d (64 x N per warpgroup, f32, fragment layout of Note [Hopper GEMM]) = a (64 x 16) @ b (16 x N) + (scale_d ? d : 0),
+// for N = 64, 128 or 256, asynchronously: wgmma_commit, then wgmma_wait, before d is read or a, b overwritten. a is
+// K-major (kTransA false) or M-major (true); b is N-major (kTransB true) or K-major (false): wgmma's imm-trans-a/b.
+template <class T, int N, bool kTransA = false, bool kTransB = true>
 __device__ __forceinline__ void wgmma_m64nk16(float (&d)[N / 2], const SmemOperand& a, const SmemOperand& b,
                                               int scale_d) {
   static_assert(N == 64 || N == 128 || N == 256, "N is 64, 128 or 256");
@@ -255,23 +255,24 @@ __device__ __forceinline__ void wgmma_m64nk16(float (&d)[N / 2], const SmemOpera
 #if defined(EMBER_HAS_WGMMA)
   const uint64_t desc_a = smem_descriptor(a), desc_b = smem_descriptor(b);
   constexpr bool kHalf = std::is_same_v<T, Half>;
+  constexpr int TA = kTransA ? 1 : 0, TB = kTransB ? 1 : 0;
   if constexpr (N == 64) {
     if constexpr (kHalf) {
-      EMBER_WGMMA_M64N64K16("f16");
+      EMBER_WGMMA_M64N64K16("f16", TA, TB);
     } else {
-      EMBER_WGMMA_M64N64K16("bf16");
+      EMBER_WGMMA_M64N64K16("bf16", TA, TB);
     }
   } else if constexpr (N == 128) {
     if constexpr (kHalf) {
-      EMBER_WGMMA_M64N128K16("f16");
+      EMBER_WGMMA_M64N128K16("f16", TA, TB);
     } else {
-      EMBER_WGMMA_M64N128K16("bf16");
+      EMBER_WGMMA_M64N128K16("bf16", TA, TB);
     }
   } else {
     if constexpr (kHalf) {
-      EMBER_WGMMA_M64N256K16("f16");
+      EMBER_WGMMA_M64N256K16("f16", TA, TB);
     } else {
-      EMBER_WGMMA_M64N256K16("bf16");
+      EMBER_WGMMA_M64N256K16("bf16", TA, TB);
     }
   }
 #else
