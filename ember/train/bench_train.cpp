@@ -9,6 +9,7 @@
 #include <limits>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <utility>
 #include <vector>
 
 #include "ember/autograd/checkpoint_plan.h"
@@ -26,6 +27,7 @@
 
 #if defined(EMBER_WITH_CUDA)
 #include "ember/kernels/cuda/attention.h"
+#include "ember/kernels/cuda/blas.h"
 #endif
 
 namespace ember::train {
@@ -113,6 +115,15 @@ int64_t flash_calls() {
 #endif
 }
 
+// Hand-written GEMM calls so far: all, and those on the wgmma kernel.
+std::pair<int64_t, int64_t> tensor_core_calls() {
+#if defined(EMBER_WITH_CUDA)
+  return {cuda::tensor_core_gemm_calls(), cuda::wgmma_gemm_calls()};
+#else
+  return {0, 0};
+#endif
+}
+
 double peak_rss_mib() {
   rusage u{};
   getrusage(RUSAGE_SELF, &u);
@@ -149,6 +160,7 @@ BenchTrainResult bench_train(const BenchTrainOptions& o) {
   r.predicted_peak_bytes = setup.plan.predicted_peak_bytes;
   if (!setup.plan.segments.empty()) r.checkpoint_report = setup.plan.to_string();
   const int64_t flash_calls_before = flash_calls();
+  const std::pair<int64_t, int64_t> tc_calls_before = tensor_core_calls();
   std::vector<double> ms;
   for (int64_t i = 0; i < o.warmup + o.steps; ++i) {
     if (i == o.warmup) {
@@ -186,6 +198,8 @@ BenchTrainResult bench_train(const BenchTrainOptions& o) {
   r.peak_rss_mib = peak_rss_mib();
   r.threads = get_num_threads();
   r.flash_attention_calls = flash_calls() - flash_calls_before;
+  r.tensor_core_gemm_calls = tensor_core_calls().first - tc_calls_before.first;
+  r.wgmma_gemm_calls = tensor_core_calls().second - tc_calls_before.second;
   return r;
 }
 
@@ -217,6 +231,8 @@ std::string BenchTrainResult::to_json() const {
   j["checkpoint"] = checkpoint;
   j["predicted_peak_bytes"] = predicted_peak_bytes;
   j["flash_attention_calls"] = flash_attention_calls;
+  j["tensor_core_gemm_calls"] = tensor_core_gemm_calls;
+  j["wgmma_gemm_calls"] = wgmma_gemm_calls;
   return j.dump();
 }
 

@@ -23,7 +23,7 @@ struct StandardTask {
   std::shared_ptr<nn::Module> model;
   Tensor inputs, targets;
   int64_t batch = 0;
-  int64_t tokens = 0;  // what one step consumes: batch x block tokens for gpt/gpt2, batch samples otherwise
+  int64_t tokens = 0;            // what one step consumes: batch x block tokens for gpt/gpt2, batch samples otherwise
   std::function<Tensor()> loss;  // forward + cross-entropy on the batch (records the graph)
   // The same on any (inputs, targets) of the task's layout, e.g. a micro-batch: rows of the batch.
   std::function<Tensor(const Tensor& inputs, const Tensor& targets)> loss_on;
@@ -39,8 +39,8 @@ StandardTask make_standard_task(const std::string& name, Device device, uint64_t
 
 struct BenchTrainOptions {
   std::string model = "mlp";
-  int64_t steps = 20;   // timed steps
-  int64_t warmup = 3;   // untimed steps first (the allocator's cache fills, the optimizer state is created)
+  int64_t steps = 20;  // timed steps
+  int64_t warmup = 3;  // untimed steps first (the allocator's cache fills, the optimizer state is created)
   Device device = Device::cpu();
   uint64_t seed = 0;
   std::string amp = "none";  // a mode parse_amp_mode takes (train/amp.h): none, fp16, bf16, autocast-fp16/-bf16
@@ -57,8 +57,8 @@ struct BenchTrainResult {
   int64_t steps = 0, batch = 0, parameters = 0;
   int threads = 1;  // CPU threads of the kernels (get_num_threads) during the run
   double ms_per_step_median = 0, ms_per_step_min = 0, ms_per_step_max = 0;
-  int64_t tokens_per_step = 0;  // StandardTask::tokens
-  double tokens_per_s = 0;      // tokens_per_step over the median step time
+  int64_t tokens_per_step = 0;       // StandardTask::tokens
+  double tokens_per_s = 0;           // tokens_per_step over the median step time
   double peak_rss_mib = 0;           // the process's peak resident set (getrusage), MiB
   int64_t peak_allocated_bytes = 0;  // the device allocator's peak during the timed steps
   int64_t peak_reserved_bytes = 0;
@@ -75,8 +75,11 @@ struct BenchTrainResult {
   // Calls of the CUDA flash attention kernels (forward or backward) during the run: > 0 when the Flash path of
   // kernels/cuda/attention.h ran the model's attention, 0 on the tiled path, the CPU and builds without CUDA.
   int64_t flash_attention_calls = 0;
+  // Products the hand-written CUDA GEMMs ran during the run (GemmStrategy::TensorCore, EMBER_GEMM=tensorcore), and
+  // those of them on the Hopper wgmma kernel; 0 under cuBLASLt, on the CPU and in builds without CUDA.
+  int64_t tensor_core_gemm_calls = 0, wgmma_gemm_calls = 0;
   std::string checkpoint_report;  // the plan's to_string() (empty when nothing was profiled); not in the JSON
-  std::string to_json() const;  // one line
+  std::string to_json() const;    // one line
 };
 
 // Times AdamW (lr 1e-3) training steps — forward, backward, optimizer step, zero_grad(set_to_none) — of the

@@ -68,6 +68,9 @@ void tensor_core_gemm(DType dtype, int64_t batch, int64_t M, int64_t N, int64_t 
 // The same for row-major a [batch, M, K] and b [batch, K, N] without a bias.
 void tensor_core_gemm(DType dtype, int64_t batch, int64_t M, int64_t N, int64_t K, const void* a, const void* b,
                       void* out, cudaStream_t stream, TcGemmKernel kernel = TcGemmKernel::Auto);
+// Products run by the hand-written kernels since the process started: all of them, and those on the wgmma kernel.
+int64_t tensor_core_gemm_calls();
+int64_t wgmma_gemm_calls();
 // Whether tensor_core_gemm with kernel Auto takes these operands on `device` (a reduced-float dtype and a kernel that
 // applies) rather than raising.
 bool tensor_core_gemm_takes(DType dtype, int64_t M, int64_t N, int64_t K, const TcGemmOperands& ops, int device);

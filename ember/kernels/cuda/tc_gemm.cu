@@ -6,6 +6,7 @@
 // up to f32 accumulation and one rounding per output element; the layouts follow Note [Tensor-core GEMM].
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <cstdint>
 #include <mutex>
 #include <type_traits>
@@ -91,6 +92,13 @@ void launch_tc_gemm(int64_t batch, int64_t M, int64_t N, int64_t K, const void* 
 
 // ---- entry point ------------------------------------------------------------------------------------------------
 
+namespace {
+std::atomic<int64_t> g_calls{0}, g_wgmma_calls{0};  // tensor_core_gemm_calls, wgmma_gemm_calls
+}  // namespace
+
+int64_t tensor_core_gemm_calls() { return g_calls.load(std::memory_order_relaxed); }
+int64_t wgmma_gemm_calls() { return g_wgmma_calls.load(std::memory_order_relaxed); }
+
 void tensor_core_gemm(DType dtype, int64_t batch, int64_t M, int64_t N, int64_t K, const TcGemmOperands& ops, void* out,
                       cudaStream_t stream, TcGemmKernel kernel) {
   EMBER_CHECK(is_reduced_float(dtype), DTypeError, "tensor_core_gemm: dtype ", dtype_name(dtype),
@@ -112,6 +120,8 @@ void tensor_core_gemm(DType dtype, int64_t batch, int64_t M, int64_t N, int64_t 
     EMBER_CUDA_CHECK(cudaGetDevice(&device));
     if (wgmma_gemm_applies(M, N, K, ops, device)) {
       wgmma_gemm(dtype, batch, M, N, K, ops, out, stream);
+      g_calls.fetch_add(1, std::memory_order_relaxed);
+      g_wgmma_calls.fetch_add(1, std::memory_order_relaxed);
       return;
     }
     if (kernel == TcGemmKernel::Wgmma) {
@@ -132,6 +142,7 @@ void tensor_core_gemm(DType dtype, int64_t batch, int64_t M, int64_t N, int64_t 
   } else {
     launch_tc_gemm<BFloat16>(batch, M, N, K, ops.a, ops.b, out, stream);
   }
+  g_calls.fetch_add(1, std::memory_order_relaxed);
 }
 
 void tensor_core_gemm(DType dtype, int64_t batch, int64_t M, int64_t N, int64_t K, const void* a, const void* b,
