@@ -13,6 +13,7 @@
 #include "ember/base/cuda_check.h"
 #include "ember/kernels/cuda/bias_gelu_kernels.cuh"
 #include "ember/kernels/cuda/block_reduce.cuh"
+#include "ember/kernels/cuda/device_info.h"
 #include "ember/kernels/cuda/stream.h"
 #include "ember/kernels/cuda/tensor_iter.cuh"
 #include "ember/kernels/elementwise_math.h"
@@ -158,10 +159,13 @@ void launch_backward(const Tensor& g, const Tensor& x, const Tensor& bias, bool 
   // Groups of rows: from the sizes alone (not the device), so every device adds in the same order.
   const int64_t groups = std::max<int64_t>(1, std::min(kMaxGroups, rows / kRowsPerGroup));
   const int64_t rows_per_group = (rows + groups - 1) / groups;
-  // 16-byte packs where every operand allows them (bias_gelu_kernels.cuh: the same sums in the same order).
+  // 16-byte packs where every operand allows them (bias_gelu_kernels.cuh: the same sums in the same order, so the
+  // choice may depend on the device) and their V times fewer blocks still give every SM two.
   constexpr int V = Pack<T>::kSize;
+  const int64_t packed_blocks = (cols / V + kWarpSize - 1) / kWarpSize * groups;
   const bool packed = cols % V == 0 && ::ember::cuda::pack_aligned(pg) && ::ember::cuda::pack_aligned(px) &&
-                      ::ember::cuda::pack_aligned(pb) && (gx == nullptr || ::ember::cuda::pack_aligned(gx));
+                      ::ember::cuda::pack_aligned(pb) && (gx == nullptr || ::ember::cuda::pack_aligned(gx)) &&
+                      packed_blocks >= 2 * ::ember::cuda::device_properties(device.index).sm_count;
   const dim3 grid(static_cast<unsigned int>((cols / (packed ? V : 1) + kWarpSize - 1) / kWarpSize),
                   static_cast<unsigned int>(groups));
   auto run = [&](void* sums, bool final) {

@@ -232,6 +232,8 @@ __global__ void unary_backward_dense_kernel(UnaryOp op, double p0, double p1, co
       return with(std::integral_constant<UnaryOp, UnaryOp::Relu>{});
     case UnaryOp::Silu:
       return with(std::integral_constant<UnaryOp, UnaryOp::Silu>{});
+    case UnaryOp::Exp:
+      return with(std::integral_constant<UnaryOp, UnaryOp::Exp>{});
     default:
       unary_backward_dense_loop(grad, saved, out, n,
                                 [=](acc_t g, acc_t s) { return unary_backward_fn<acc_t>(op, g, s, p0, p1); });

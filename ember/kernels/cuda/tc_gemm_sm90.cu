@@ -82,7 +82,8 @@ template <int BN>
 int max_active_clusters() {
   ClusterLaunch<BN, 2> launch(2, nullptr);
   int clusters = 0;
-  EMBER_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&clusters, wgmma_gemm_kernel<Half, BN, 2>, &launch.config));
+  EMBER_CUDA_CHECK(
+      cudaOccupancyMaxActiveClusters(&clusters, wgmma_gemm_kernel<Half, BN, 2, false, false>, &launch.config));
   return clusters;
 }
 
@@ -221,9 +222,11 @@ void launch(DType dtype, int64_t batch, int max_clusters, const CUtensorMap& map
   } else {
     ClusterLaunch<BN, kCluster> launch(grid, stream);
     if (dtype == DType::f16) {
-      EMBER_CUDA_CHECK(cudaLaunchKernelEx(&launch.config, wgmma_gemm_kernel<Half, BN, kCluster>, map_a, map_b, p));
+      EMBER_CUDA_CHECK(cudaLaunchKernelEx(&launch.config, wgmma_gemm_kernel<Half, BN, kCluster, kAMajorM, kBMajorK>,
+                                          map_a, map_b, p));
     } else {
-      EMBER_CUDA_CHECK(cudaLaunchKernelEx(&launch.config, wgmma_gemm_kernel<BFloat16, BN, kCluster>, map_a, map_b, p));
+      EMBER_CUDA_CHECK(cudaLaunchKernelEx(&launch.config, wgmma_gemm_kernel<BFloat16, BN, kCluster, kAMajorM, kBMajorK>,
+                                          map_a, map_b, p));
     }
   }
 }

@@ -125,7 +125,7 @@ EMBER_HD_INLINE TileCoord tile_coord(const WgmmaGemmParams& p, int64_t tile, int
 
 // kAMajorM: a is stored [batch, K, M] (M-major) instead of [batch, M, K]; kBMajorK: b is stored [batch, N, K]
 // (K-major) instead of [batch, K, N] (Note [Hopper GEMM], "Layouts").
-template <class T, int BN, int kCluster, bool kAMajorM = false, bool kBMajorK = false>
+template <class T, int BN, int kCluster, bool kAMajorM, bool kBMajorK>
 __global__ void __launch_bounds__(kThreads, 1)
     wgmma_gemm_kernel(const __grid_constant__ TmaDescriptor map_a, const __grid_constant__ TmaDescriptor map_b,
                       const WgmmaGemmParams p) {
@@ -236,21 +236,28 @@ __global__ void __launch_bounds__(kThreads, 1)
       // The tile's last stage is free: the producer fills the next tile's stages while this epilogue runs.
       if (t == 0) release(static_cast<int>((it - 1) % kStages));
 
-      // Epilogue: registers -> global, rounded once, guarded by row < M and column < N.
+      // Epilogue: registers -> global, rounded once, guarded by row < M and column < N; the bias pair of a column
+      // block is read once for the thread's two rows.
       uint16_t* out = p.out + at.batch * p.M * p.N;
+      const int64_t row0 = at.m0 + rank * kBlockM + 64 * c + 16 * warp + lane / 4;
       EMBER_UNROLL
-      for (int h = 0; h < 2; ++h) {
-        const int64_t row = at.m0 + rank * kBlockM + 64 * c + 16 * warp + lane / 4 + 8 * h;
-        if (row >= p.M) continue;
+      for (int j = 0; j < BN / 8; ++j) {
+        const int64_t col = at.n0 + 8 * j + 2 * (lane % 4);
+        if (col >= p.N) continue;
+        float bias_lo = 0.0f, bias_hi = 0.0f;
+        if (p.bias != nullptr) {  // col + 1 < N: N is a multiple of 8
+          bias_lo = static_cast<float>(T::from_bits(p.bias[col]));
+          bias_hi = static_cast<float>(T::from_bits(p.bias[col + 1]));
+        }
         EMBER_UNROLL
-        for (int j = 0; j < BN / 8; ++j) {
-          const int64_t col = at.n0 + 8 * j + 2 * (lane % 4);
-          if (col >= p.N) continue;
+        for (int h = 0; h < 2; ++h) {
+          const int64_t row = row0 + 8 * h;
+          if (row >= p.M) continue;
           uint16_t* dst = out + row * p.N + col;
           float lo = d[4 * j + 2 * h], hi = d[4 * j + 2 * h + 1];
-          if (p.bias != nullptr) {  // col + 1 < N: N is a multiple of 8
-            lo += static_cast<float>(T::from_bits(p.bias[col]));
-            hi += static_cast<float>(T::from_bits(p.bias[col + 1]));
+          if (p.bias != nullptr) {
+            lo += bias_lo;
+            hi += bias_hi;
           }
           const uint32_t pair = pack2<T>(lo, hi);
           if (p.out_vec2) {
