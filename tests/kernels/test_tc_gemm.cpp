@@ -63,6 +63,17 @@ double normalised_error(const std::vector<double>& actual, const std::vector<dou
 
 constexpr double kMaxNormalisedError = 1e-2;
 
+// The wgmma tests: skip without a GPU that runs the kernel, and leave the process's wgmma configuration as found.
+#define EMBER_SKIP_WITHOUT_WGMMA()                                                 \
+  do {                                                                             \
+    EMBER_SKIP_WITHOUT_CUDA();                                                     \
+    if (!cuda::wgmma_gemm_supported(device().index))                               \
+      GTEST_SKIP() << "the wgmma kernel needs sm_90 and a build with sm_90a code"; \
+  } while (0)
+struct ResetWgmmaConfig {
+  ~ResetWgmmaConfig() { cuda::set_wgmma_config({}); }
+};
+
 // Runs tensor_core_gemm on `s` for `dtype` and compares with the float64 product of the rounded operands. With
 // `offset` each operand starts `offset` elements into its buffer: 1 (2 bytes: not 16-byte aligned) forces the
 // element-wise load path and unpaired stores.
@@ -113,12 +124,8 @@ TEST_P(TensorCoreGemmTest, MatchesFloat64Reference) {
 // groups, more tiles than SMs. Auto takes it too, and falls
 // back to mma.sync where it does not apply.
 TEST_P(TensorCoreGemmTest, WgmmaMatchesFloat64Reference) {
-  EMBER_SKIP_WITHOUT_CUDA();
-  if (!cuda::wgmma_gemm_supported(device().index))
-    GTEST_SKIP() << "the wgmma kernel needs sm_90 and a build with sm_90a code";
-  struct Reset {
-    ~Reset() { cuda::set_wgmma_config({}); }
-  } reset;
+  EMBER_SKIP_WITHOUT_WGMMA();
+  const ResetWgmmaConfig reset;
   const std::vector<GemmShape> shapes = {
       {1, 128, 256, 64},      // exactly one 256-wide tile and one k tile
       {1, 1, 8, 8},           // one row, one 8-column group: TMA zero-fills the rest of the tile
@@ -159,12 +166,8 @@ TEST_P(TensorCoreGemmTest, WgmmaMatchesFloat64Reference) {
 // with B a selection. Small integers are exact in f16. On a mismatch the first few sources are printed, which is
 // what a wrong descriptor stride or swizzle looks like (Note [Hopper GEMM]).
 TEST_P(TensorCoreGemmTest, WgmmaReadsTheDocumentedOperandLayouts) {
-  EMBER_SKIP_WITHOUT_CUDA();
-  if (!cuda::wgmma_gemm_supported(device().index))
-    GTEST_SKIP() << "the wgmma kernel needs sm_90 and a build with sm_90a code";
-  struct Reset {
-    ~Reset() { cuda::set_wgmma_config({}); }
-  } reset;
+  EMBER_SKIP_WITHOUT_WGMMA();
+  const ResetWgmmaConfig reset;
   constexpr int64_t M = 128, K = 64;
   for (int64_t N : {int64_t{64}, int64_t{256}}) {
     cuda::set_wgmma_config({static_cast<int>(N), 1});
@@ -306,9 +309,7 @@ TEST(TensorCoreGemmHost, WgmmaConfigFillsTheSms) {
   EXPECT_THROW(cuda::set_wgmma_config({96, 1}), ValueError);
   EXPECT_THROW(cuda::set_wgmma_config({128, 3}), ValueError);
   EXPECT_THROW(cuda::set_wgmma_config({64, 2}), ValueError);  // a cluster splits B's boxes; width 64 has one
-  struct Reset {
-    ~Reset() { cuda::set_wgmma_config({}); }
-  } reset;
+  const ResetWgmmaConfig reset;
   cuda::set_wgmma_config({0, 1});  // clusters off: the width alone is chosen
   EXPECT_EQ(pick(1, 4096, 4096), P(256, 1));
   cuda::set_wgmma_config({128, 0});  // the width fixed: the cluster alone is chosen

@@ -188,56 +188,45 @@ __device__ __forceinline__ void unary_backward_dense_loop(const T* grad, const T
     out[i] = T(fn(static_cast<acc_t>(grad[i]), static_cast<acc_t>(saved[i])));
 }
 
-// One dispatch on the op per thread, not per element (Note [Dense elementwise path]): the activations a training
-// step runs over whole tensors get loops of their own, with the op a constant the element function folds; the rest
-// share a loop that dispatches per element.
+// One dispatch on the op per thread, not per element (Note [Dense elementwise path]): calls fn once, with the op as a
+// std::integral_constant for the activations a training step runs over whole tensors (GELU, ReLU, SiLU, exp), so that
+// fn's loop folds the element function's switch, and as a RuntimeUnaryOp for the rest; either way `k.value` is the op.
+struct RuntimeUnaryOp {
+  UnaryOp value;
+};
+template <class Fn>
+__device__ __forceinline__ void with_unary_op(UnaryOp op, Fn fn) {
+  switch (op) {
+    case UnaryOp::GeluErf:
+      return fn(std::integral_constant<UnaryOp, UnaryOp::GeluErf>{});
+    case UnaryOp::GeluTanh:
+      return fn(std::integral_constant<UnaryOp, UnaryOp::GeluTanh>{});
+    case UnaryOp::Relu:
+      return fn(std::integral_constant<UnaryOp, UnaryOp::Relu>{});
+    case UnaryOp::Silu:
+      return fn(std::integral_constant<UnaryOp, UnaryOp::Silu>{});
+    case UnaryOp::Exp:
+      return fn(std::integral_constant<UnaryOp, UnaryOp::Exp>{});
+    default:
+      return fn(RuntimeUnaryOp{op});
+  }
+}
+
 template <class T>
 __global__ void unary_dense_kernel(UnaryOp op, double p0, double p1, const T* in, T* out, int64_t n) {
   using acc_t = op_math_t<T>;
-  auto with = [&](auto k) {
-    constexpr UnaryOp kOp = decltype(k)::value;
-    unary_dense_loop(in, out, n, [=](acc_t x) { return unary_fn<acc_t>(kOp, x, p0, p1); });
-  };
-  switch (op) {
-    case UnaryOp::GeluErf:
-      return with(std::integral_constant<UnaryOp, UnaryOp::GeluErf>{});
-    case UnaryOp::GeluTanh:
-      return with(std::integral_constant<UnaryOp, UnaryOp::GeluTanh>{});
-    case UnaryOp::Relu:
-      return with(std::integral_constant<UnaryOp, UnaryOp::Relu>{});
-    case UnaryOp::Silu:
-      return with(std::integral_constant<UnaryOp, UnaryOp::Silu>{});
-    case UnaryOp::Exp:
-      return with(std::integral_constant<UnaryOp, UnaryOp::Exp>{});
-    default:
-      unary_dense_loop(in, out, n, [=](acc_t x) { return unary_fn<acc_t>(op, x, p0, p1); });
-  }
+  with_unary_op(
+      op, [&](auto k) { unary_dense_loop(in, out, n, [=](acc_t x) { return unary_fn<acc_t>(k.value, x, p0, p1); }); });
 }
 
 template <class T>
 __global__ void unary_backward_dense_kernel(UnaryOp op, double p0, double p1, const T* grad, const T* saved, T* out,
                                             int64_t n) {
   using acc_t = op_math_t<T>;
-  auto with = [&](auto k) {
-    constexpr UnaryOp kOp = decltype(k)::value;
+  with_unary_op(op, [&](auto k) {
     unary_backward_dense_loop(grad, saved, out, n,
-                              [=](acc_t g, acc_t s) { return unary_backward_fn<acc_t>(kOp, g, s, p0, p1); });
-  };
-  switch (op) {
-    case UnaryOp::GeluErf:
-      return with(std::integral_constant<UnaryOp, UnaryOp::GeluErf>{});
-    case UnaryOp::GeluTanh:
-      return with(std::integral_constant<UnaryOp, UnaryOp::GeluTanh>{});
-    case UnaryOp::Relu:
-      return with(std::integral_constant<UnaryOp, UnaryOp::Relu>{});
-    case UnaryOp::Silu:
-      return with(std::integral_constant<UnaryOp, UnaryOp::Silu>{});
-    case UnaryOp::Exp:
-      return with(std::integral_constant<UnaryOp, UnaryOp::Exp>{});
-    default:
-      unary_backward_dense_loop(grad, saved, out, n,
-                                [=](acc_t g, acc_t s) { return unary_backward_fn<acc_t>(op, g, s, p0, p1); });
-  }
+                              [=](acc_t g, acc_t s) { return unary_backward_fn<acc_t>(k.value, g, s, p0, p1); });
+  });
 }
 
 // ---- launchers --------------------------------------------------------------------------------------------------
