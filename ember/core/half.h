@@ -30,7 +30,20 @@ EMBER_HD_INLINE float bits_float(uint32_t u) {
 #endif
 }
 
+// Note [Half conversions on the device]
+// On the GPU a float <-> f16 conversion is one instruction (cvt.rn.f16.f32, cvt.f32.f16), where the portable code
+// below takes about fifteen integer operations each way: on an H100, GPT-2 trained 20% slower under autocast-fp16
+// than under autocast-bf16 (whose conversions are shifts). Both round to nearest even, overflow to inf and keep
+// subnormals (no .ftz), so they give the same bits for every non-NaN value; a NaN takes the portable code, whose
+// payload rule (quiet bit set, sign kept) the instruction does not follow. So the device and the CPU agree bit for bit.
 EMBER_HD_INLINE uint16_t float_to_half_bits(float f) {
+#if defined(__CUDA_ARCH__)
+  if (f == f) {
+    unsigned short h;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
+    return h;
+  }
+#endif
   uint32_t x = float_bits(f);
   const uint32_t sign = (x >> 16) & 0x8000u;
   x &= 0x7fffffffu;
@@ -48,6 +61,13 @@ EMBER_HD_INLINE uint16_t float_to_half_bits(float f) {
 }
 
 EMBER_HD_INLINE float half_bits_to_float(uint16_t h) {
+#if defined(__CUDA_ARCH__)
+  if ((h & 0x7c00u) != 0x7c00u || (h & 0x3ffu) == 0) {  // not a NaN: Note [Half conversions on the device]
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+    return f;
+  }
+#endif
   const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
   const uint32_t exp = (h >> 10) & 0x1fu;
   const uint32_t mant = h & 0x3ffu;
