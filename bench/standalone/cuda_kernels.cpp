@@ -1,6 +1,6 @@
 // Hand-written CUDA kernels against the ceilings they chase, on CUDA device 0: achieved GB/s of the memory-bound ops
-// (elementwise, GELU, softmax, layer norm, cross-entropy, row sums, AdamW) next to a device-to-device copy measured
-// in the same run, and TFLOP/s of the hand-written tensor-core GEMMs (mma.sync; wgmma + TMA on Hopper) next to
+// (elementwise, GELU, softmax, layer norm, cross-entropy, row and column sums, AdamW) next to a device-to-device copy
+// measured in the same run, and TFLOP/s of the hand-written tensor-core GEMMs (mma.sync; wgmma + TMA on Hopper) next to
 // cuBLASLt on the same operands.
 // Bytes counted are the minimum an op must move (each input read once, each output written once), so "% of copy" is
 // the share of the copy's bandwidth the kernel reaches. Exits 0 with a note when no GPU is visible.
@@ -120,6 +120,17 @@ int main(int argc, char** argv) {
     const std::string shape = "[" + std::to_string(r) + ", 1024]";
     rows.push_back({"softmax f32", shape, 2 * nb * 4, median_ms(iters, [&] { (void)softmax(m, -1); })});
     rows.push_back({"sum(dim 1) f32", shape, nb * 4, median_ms(iters, [&] { (void)sum(m, {1}); })});
+    // Column sums (a bias gradient's reduction over the rows; Note [Packed sums] in ember/kernels/cuda/reduce.cu).
+    rows.push_back({"sum(dim 0) f32", shape, nb * 4, median_ms(iters, [&] { (void)sum(m, {0}); })});
+    {
+      const Tensor h = m.to(DType::bf16);
+      rows.push_back({"sum(dim 0) bf16", shape, nb * 2, median_ms(iters, [&] { (void)sum(h, {0}); })});
+      // GPT-2's attention projection bias gradient ([B * T, 3 * 768] at batch 4): a few microseconds per call, so
+      // launch latency is a visible share of this row.
+      const Tensor g = randn({4096, 2304}, f32).to(DType::bf16);
+      rows.push_back(
+          {"sum(dim 0) bf16", "[4096, 2304]", 4096.0 * 2304 * 2, median_ms(iters, [&] { (void)sum(g, {0}); })});
+    }
     const Tensor w = ones({1024}, f32), b = zeros({1024}, f32);
     rows.push_back({"layer_norm f32", shape, 2 * nb * 4, median_ms(iters, [&] { (void)layer_norm(m, {1024}, w, b); })});
     // Residual add + layer norm: x and residual read, the sum and the normalised rows written.

@@ -357,6 +357,43 @@ TEST_P(ReduceTest, LargeReductionsSplitOverBlocks) {
   }
 }
 
+TEST_P(ReduceTest, PackedSumsMatchReference) {
+  // Sums and means over leading dims (a bias gradient) and trailing dims (row sums) of contiguous tensors large
+  // enough that, on an H100, CUDA takes the 16-byte packed kernels (Note [Packed sums] in cuda/reduce.cu): column sums
+  // over row groups added in a second pass, column sums stored directly (fewer than 128 rows), dims of size 1 between
+  // the reduced ones, a warp per row; and a view one element off 16-byte alignment, which takes the generic kernel.
+  EMBER_REQUIRE_KERNEL(reduce_stub);
+  struct Case {
+    Shape shape;
+    std::vector<int64_t> dims;
+    std::vector<DType> dtypes;
+  };
+  const std::vector<DType> all = {DType::f32, DType::f16, DType::bf16};
+  for (const Case& k : std::vector<Case>{{{4096, 768}, {0}, all},
+                                         {{2, 2048, 1, 768}, {0, 1}, {DType::f32}},
+                                         {{100, 16896}, {0}, {DType::f32}},
+                                         {{4224, 256}, {1}, all},
+                                         {{2112, 1, 2, 256}, {2, 3}, {DType::bf16}}}) {
+    for (Red op : {Red::Sum, Red::Mean}) {
+      const std::vector<int64_t> dims = k.dims;
+      SCOPED_TRACE(::testing::Message() << red_name(op) << " x " << shape_str(k.shape) << " dims " << shape_str(dims));
+      OpCase c{red_name(op), {rand_input(k.shape)}, [=](const Inputs& in) { return run(op, in[0], dims, false); }};
+      c.reference = [=](const Inputs& in) { return ref_reduce(in[0], dims, false, op); };
+      c.dtypes = k.dtypes;
+      check_op(c, device());
+    }
+  }
+  const int64_t rows = 4096, cols = 768;
+  OpCase c{"sum", {rand_input({rows * cols + 1})}, [=](const Inputs& in) {
+             return sum(in[0].narrow(0, 1, rows * cols).reshape({rows, cols}), {0});
+           }};
+  c.reference = [=](const Inputs& in) {
+    return ref_reduce(in[0].narrow(0, 1, rows * cols).reshape({rows, cols}), {0}, false, Red::Sum);
+  };
+  c.dtypes = {DType::f32};
+  check_op(c, device());
+}
+
 TEST_P(ReduceTest, WholeTensorSumsOfLargeViews) {
   // Sums and means of every element of 200000-element views (Note [Whole-tensor sums through CUB] in
   // ember/kernels/cuda/reduce.cu): a contiguous view at a storage offset (CUDA: the CUB path) and a transposed one

@@ -98,16 +98,6 @@ __global__ void __launch_bounds__(kWarpSize* kRowThreads)
     static_cast<A*>(sums)[static_cast<int64_t>(blockIdx.y) * cols + col] = total;
 }
 
-// Adds the partial sums [groups, cols] of each column in group order into out [cols].
-template <class A, class T>
-__global__ void sum_groups_kernel(const A* partial, int64_t groups, int64_t cols, T* out) {
-  for (int64_t col = ::ember::cuda::grid_stride_begin(); col < cols; col += ::ember::cuda::grid_stride_step()) {
-    A s = 0;
-    for (int64_t k = 0; k < groups; ++k) s += partial[k * cols + col];
-    out[col] = T(s);
-  }
-}
-
 void check_cuda_operands(const char* op, std::initializer_list<const Tensor*> ts, Device device) {
   for (const Tensor* t : ts)
     if (t->defined())
@@ -187,9 +177,10 @@ void launch_backward(const Tensor& g, const Tensor& x, const Tensor& bias, bool 
   const Tensor partial = empty({groups, cols}, TensorOptions(sizeof(A) == 8 ? DType::f64 : DType::f32, device));
   run(partial.raw_data(), false);
   EMBER_CUDA_LAUNCH_CHECK();
-  sum_groups_kernel<A, T>
+  reduce_pack::sum_groups_kernel<A, T>
       <<<::ember::cuda::grid_for(cols, device.index), ::ember::cuda::kElementwiseThreads, 0, stream>>>(
-          static_cast<const A*>(partial.raw_data()), groups, cols, static_cast<T*>(grad_bias.raw_data()));
+          static_cast<const A*>(partial.raw_data()), groups, cols, rows, /*mean=*/false,
+          static_cast<T*>(grad_bias.raw_data()));
   EMBER_CUDA_LAUNCH_CHECK();
 }
 

@@ -12,12 +12,15 @@
 #include "ember/core/half.h"
 #include "ember/kernels/convert.h"
 #include "ember/kernels/cuda/kernel_macros.h"
+#include "ember/kernels/cuda/reduce_pack_kernels.cuh"
 #include "ember/kernels/cuda/tensor_iter.cuh"
 #include "ember/kernels/elementwise_math.h"
 
 namespace ember::kernels::cuda::bias_gelu {
 
-constexpr int kRowThreads = 8;  // backward blocks: 32 column threads x 8 row threads
+// Backward blocks: 32 column threads (or 32 packs of columns) x 8 row threads, as reduce_pack's column sums.
+constexpr int kRowThreads = reduce_pack::kRowThreads;
+static_assert(reduce_pack::kPackColumns == 32);
 
 // The gradient of GELU (tanh form or exact) at v, times g.
 template <class A>
@@ -37,7 +40,6 @@ __global__ void __launch_bounds__(32 * kRowThreads)
   using A = op_math_t<T>;
   using P = ::ember::cuda::Pack<T>;
   constexpr int V = P::kSize;
-  __shared__ A partial[kRowThreads][V][32];  // [ty][element of the pack][tx]: the writes below hit 32 banks
   const int tx = static_cast<int>(threadIdx.x) % 32, ty = static_cast<int>(threadIdx.x) / 32;
   const int64_t col_packs = cols / V;
   const int64_t cp = static_cast<int64_t>(blockIdx.x) * 32 + tx;
@@ -63,21 +65,7 @@ __global__ void __launch_bounds__(32 * kRowThreads)
     }
   }
   if (sums == nullptr) return;  // uniform over the grid: no thread reaches the barrier
-  EMBER_UNROLL
-  for (int e = 0; e < V; ++e) partial[ty][e][tx] = acc[e];
-  __syncthreads();
-  if (ty != 0 || cp >= col_packs) return;
-  EMBER_UNROLL
-  for (int e = 0; e < V; ++e) {
-    A total = 0;
-    EMBER_UNROLL
-    for (int k = 0; k < kRowThreads; ++k) total += partial[k][e][tx];
-    const int64_t col = cp * V + e;
-    if (final)
-      static_cast<T*>(sums)[col] = T(total);
-    else
-      static_cast<A*>(sums)[static_cast<int64_t>(blockIdx.y) * cols + col] = total;
-  }
+  reduce_pack::store_column_block<T, A, V>(acc, tx, ty, cp, cols, sums, final, rows, /*mean=*/false);
 }
 
 }  // namespace ember::kernels::cuda::bias_gelu

@@ -12,6 +12,7 @@
 
 #include "ember/base/cuda_check.h"
 #include "ember/kernels/convert.h"
+#include "ember/kernels/cuda/reduce_pack_kernels.cuh"
 #include "ember/kernels/cuda/stream.h"
 #include "ember/kernels/cuda/tensor_iter.cuh"
 #include "ember/kernels/stubs.h"
@@ -461,6 +462,88 @@ void cub_sum(const ReduceParams& p, const T* src, int64_t R, void* out, Device d
   EMBER_CUDA_LAUNCH_CHECK();
 }
 
+// Note [Packed sums]
+// A sum or mean of a contiguous floating tensor over its leading dims (a bias gradient: [rows, cols] summed down the
+// columns) or its trailing dims (row sums) reads 16-byte packs (reduce_pack_kernels.cuh), where reduce_kernel reads
+// one element per thread and access and computes its offset through the dims' calculator. Dims of size 1 count as
+// either kind. Taken when:
+//   columns  cols (the kept elements) a whole number of packs, the input 16-byte aligned, and enough blocks of 32
+//            packs x row groups for a wave on every SM. The rows split into `groups` of at least kPackGroupRows rows
+//            (at most kPackMaxGroups), from the sizes alone; each group's column sums go to scratch [groups, cols] in
+//            acc_t, added in group order by a second kernel (one group: stored directly).
+//   rows     the row length n a whole number of packs, at least one per lane, the input aligned, and rows enough
+//            for kPackMinRowWarps warps per SM: a warp per row.
+// The additions keep acc_t (Note [Reduction accumulator]) in an order fixed by the sizes; the result may differ from
+// reduce_kernel's in the last bits (another summation order), never in accuracy class.
+constexpr int64_t kPackGroupRows = 64;
+constexpr int64_t kPackMaxGroups = 64;
+constexpr int64_t kPackMinRowWarps = 16;
+
+// Whether the reduced dims (of size > 1) all come before the kept ones (of size > 1): `leading`, or all after.
+bool reduced_dims_are(const Tensor& in, const std::vector<int64_t>& dims, bool leading) {
+  std::vector<bool> reduced(static_cast<size_t>(in.dim()), false);
+  for (int64_t d : dims) reduced[static_cast<size_t>(d)] = true;
+  bool seen_second = false;  // a dim of the kind that must come second (kept when leading) has been seen
+  for (int64_t d = 0; d < in.dim(); ++d) {
+    if (in.size(d) == 1) continue;
+    const bool first_kind = reduced[static_cast<size_t>(d)] == leading;
+    if (!first_kind) seen_second = true;
+    if (first_kind && seen_second) return false;
+  }
+  return true;
+}
+
+template <class T>
+bool launch_packed_sum(ReduceOp op, const Tensor& in, const Tensor& out, const std::vector<int64_t>& dims, int64_t R,
+                       Device device, cudaStream_t stream) {
+  using A = acc_t<T>;
+  namespace rp = reduce_pack;
+  constexpr int V = ::ember::cuda::Pack<T>::kSize;
+  const int64_t n_out = out.numel();
+  if ((op != ReduceOp::Sum && op != ReduceOp::Mean) || n_out < 2 || R < 2 || !in.is_contiguous() ||
+      !::ember::cuda::pack_aligned(in.raw_data()))
+    return false;
+  const bool mean = op == ReduceOp::Mean;
+  const int64_t sm_count = device_properties(device.index).sm_count;
+  const T* src = static_cast<const T*>(in.raw_data());
+  T* dst = static_cast<T*>(out.raw_data());
+  if (n_out % V == 0 && reduced_dims_are(in, dims, /*leading=*/true)) {
+    const int64_t cols = n_out, col_blocks = (cols / V + rp::kPackColumns - 1) / rp::kPackColumns;
+    const int64_t groups = std::clamp<int64_t>(R / kPackGroupRows, 1, kPackMaxGroups);
+    if (col_blocks * groups < sm_count || col_blocks > std::numeric_limits<int32_t>::max()) return false;
+    const int64_t rows_per_group = (R + groups - 1) / groups;
+    const dim3 grid(static_cast<unsigned int>(col_blocks), static_cast<unsigned int>(groups));
+    const unsigned int threads = rp::kPackColumns * rp::kRowThreads;
+    if (groups == 1) {
+      rp::column_sum_pack_kernel<T, A><<<grid, threads, 0, stream>>>(src, R, cols, rows_per_group, dst, true, mean);
+      EMBER_CUDA_LAUNCH_CHECK();
+      return true;
+    }
+    Tensor scratch;  // stream-ordered on `stream`, as the split path's
+    {
+      memory::PhaseScope workspace(memory::Phase::Workspace);
+      scratch = empty_on_stream({groups * cols * static_cast<int64_t>(sizeof(A))}, TensorOptions(DType::u8, device),
+                                stream_id(stream));
+    }
+    A* partial = static_cast<A*>(scratch.raw_data());
+    rp::column_sum_pack_kernel<T, A><<<grid, threads, 0, stream>>>(src, R, cols, rows_per_group, partial, false, mean);
+    EMBER_CUDA_LAUNCH_CHECK();
+    rp::sum_groups_kernel<A, T><<<::ember::cuda::grid_for(cols, device.index), ::ember::cuda::kElementwiseThreads, 0,
+                                  stream>>>(partial, groups, cols, R, mean, dst);
+    EMBER_CUDA_LAUNCH_CHECK();
+    return true;
+  }
+  if (R % V == 0 && R / V >= 32 && n_out >= kPackMinRowWarps * sm_count &&
+      reduced_dims_are(in, dims, /*leading=*/false)) {
+    const int64_t blocks = std::min((n_out + rp::kRowBlockWarps - 1) / rp::kRowBlockWarps, sm_count * 8);
+    rp::row_sum_pack_kernel<T, A>
+        <<<static_cast<unsigned int>(blocks), rp::kRowBlockWarps * 32, 0, stream>>>(src, n_out, R, mean, dst);
+    EMBER_CUDA_LAUNCH_CHECK();
+    return true;
+  }
+  return false;
+}
+
 template <class T>
 void launch_one(const ReduceParams& p, const Plan& pl, const T* in, const State<acc_t<T>>* partial_in, void* out,
                 State<acc_t<T>>* partial_out, cudaStream_t stream) {
@@ -498,6 +581,7 @@ void launch_reduce(ReduceOp op, const Tensor& in, const Tensor& out, const std::
       cub_sum<T>(p, static_cast<const T*>(in.raw_data()), R, out.raw_data(), device, stream);  // Note above
       return;
     }
+    if (launch_packed_sum<T>(op, in, out, dims, R, device, stream)) return;  // Note [Packed sums]
   }
   const int sm_count = device_properties(device.index).sm_count;
   const Plan pl = plan_reduction(p.n_out, R, p.kept, p.reduced, sm_count, /*allow_split=*/true);
