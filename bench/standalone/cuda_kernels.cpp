@@ -133,6 +133,15 @@ int main(int argc, char** argv) {
     }
     const Tensor w = ones({1024}, f32), b = zeros({1024}, f32);
     rows.push_back({"layer_norm f32", shape, 2 * nb * 4, median_ms(iters, [&] { (void)layer_norm(m, {1024}, w, b); })});
+    // Layer norm backward: g and x read, grad_x written (the minimum); the kernels read g and x a second time for
+    // the weight and bias gradients (Note [Packed layer-norm backward]), so this count tops out near 60% of copy.
+    {
+      const LayerNormResult f = ops::layer_norm_with_stats(m, {1024}, w, b);
+      const Tensor g = y.reshape({r, 1024});
+      rows.push_back({"layer_norm backward f32 (2 passes)", shape, 3 * nb * 4, median_ms(iters, [&] {
+                        (void)ops::layer_norm_backward(g, m, w, f.mean, f.rstd, 1, true, true, true);
+                      })});
+    }
     // Residual add + layer norm: x and residual read, the sum and the normalised rows written.
     const Tensor res = y.reshape({r, 1024});
     rows.push_back({"add_layer_norm f32 (fused)", shape, 4 * nb * 4,

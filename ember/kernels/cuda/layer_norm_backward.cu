@@ -2,13 +2,18 @@
 // grad_x: one warp per row (cols <= kWarpMaxCols) or one block per row, two passes over the row (the sums, then the
 // writes; the second reads hit the cache). grad_weight / grad_bias: blocks of 32 columns x kColumnRowThreads rows sum
 // a fixed group of rows each into partial sums, which a last kernel adds in group order. The grouping depends on the
-// sizes alone, so the results are deterministic (no atomics) and equal on every device.
+// sizes alone, so the results are deterministic (no atomics) and equal on every device. Dense rows of whole 16-byte
+// packs take packed forms of both passes (Note [Packed layer-norm backward]).
 // Invariant: arithmetic in op_math_t<T> (f32 for f32/f16/bf16, f64 for f64), as the forward kernel's.
 #include <algorithm>
 #include <cstdint>
+#include <limits>
+#include <type_traits>
+#include <utility>
 
 #include "ember/base/cuda_check.h"
 #include "ember/kernels/cuda/block_reduce.cuh"
+#include "ember/kernels/cuda/layer_norm_backward_kernels.cuh"
 #include "ember/kernels/cuda/stream.h"
 #include "ember/kernels/cuda/tensor_iter.cuh"
 #include "ember/kernels/stubs.h"
@@ -32,22 +37,22 @@ constexpr int64_t kMaxGroups = 64;      // ... and at most this many partial sum
 static_assert(kRowThreads % kWarpSize == 0 && kBlockThreads % kWarpSize == 0, "whole warps only");
 static_assert(kBlockThreads / kWarpSize <= kWarpSize, "block_all_reduce finishes in one warp");
 
-// g [rows, cols] and x [rows, cols] with any strides; weight [cols] contiguous or null; mean/rstd [rows] contiguous;
-// grad_x [rows, cols] contiguous. T: x and grad_x; P: g, weight and the affine gradients; A = op_math_t<T>, the
-// statistics' type too.
-struct Args {
-  int64_t rows, cols;
-  const void* g;
-  int64_t g_rs, g_cs;
-  const void* x;
-  int64_t x_rs, x_cs;
-  const void* weight;
-  const void* mean;
-  const void* rstd;
-  const void* grad_add;  // T, or null: added to grad_x before its rounding
-  int64_t add_rs, add_cs;
-  void* grad_x;
-};
+using layer_norm_backward::Args;  // layer_norm_backward_kernels.cuh
+
+// Note [Packed layer-norm backward]
+// Where g, x, grad_x (and grad_add) are contiguous, 16-byte aligned and of one dtype (weight too, when given), and a
+// row is a whole number of 16-byte packs, both passes read and write packs (layer_norm_backward_kernels.cuh) where
+// the kernels below move one element per access through the row and column strides:
+//   grad_x   a warp per row of at most kWarpMaxCols columns, g and x read once into registers (the strided warp
+//            kernel reads them twice, the second time from the cache);
+//   affine   blocks of 32 packs of columns x 8 row threads over row groups of at least kPackGroupRows rows (at
+//            most kMaxGroups groups): V times fewer blocks than the strided pass's, so the groups are smaller to keep
+//            the device busy.
+// The sums come in another order than the strided kernels' (results may differ in the last bits); which pass runs
+// depends on the operands alone, never on the device.
+constexpr int64_t kPackGroupRows = 64;
+static_assert(kColumnRowThreads == reduce_pack::kRowThreads && kWarpSize == reduce_pack::kPackColumns,
+              "the packed affine pass launches the strided pass's block shape");
 
 // grad_x of one row by `nt` threads of which this is `tid`; Reduce turns a thread's partial sum into the row's.
 template <class T, class P, class Reduce>
@@ -144,22 +149,36 @@ __global__ void __launch_bounds__(kWarpSize* kColumnRowThreads)
   }
 }
 
-// Adds the partial sums [groups, cols] of each column in group order into out [cols] (P).
-template <class A, class P>
-__global__ void sum_groups_kernel(const A* partial, int64_t groups, int64_t cols, P* out) {
-  for (int64_t col = ::ember::cuda::grid_stride_begin(); col < cols; col += ::ember::cuda::grid_stride_step()) {
-    A s = 0;
-    for (int64_t i = 0; i < groups; ++i) s += partial[i * cols + col];
-    out[col] = P(s);
-  }
+// The dtypes the packed kernels take: one for every operand, and not f64 (whose rows would hold 128 registers a lane).
+template <class T, class P>
+constexpr bool kPackable = std::is_same_v<T, P> && sizeof(T) <= 4;
+
+// Whether the packed kernels may read g and x (Note [Packed layer-norm backward]).
+template <class T, class P>
+bool packed_operands(const Args& a) {
+  constexpr int64_t V = ::ember::cuda::Pack<T>::kSize;
+  using ::ember::cuda::pack_aligned;
+  return kPackable<T, P> && a.cols % V == 0 && a.g_rs == a.cols && a.g_cs == 1 && pack_aligned(a.g) &&
+         (a.x == nullptr || (a.x_rs == a.cols && a.x_cs == 1 && pack_aligned(a.x)));
 }
 
 template <class T, class P>
 void launch(const Args& a, const Tensor& grad_weight, const Tensor& grad_bias, Device device, cudaStream_t stream) {
   using A = op_math_t<T>;
+  namespace lb = layer_norm_backward;
+  using ::ember::cuda::pack_aligned;
   const int64_t sms = device_properties(device.index).sm_count;
+  const bool packed = packed_operands<T, P>(a);
   if (a.grad_x && a.rows > 0) {
-    if (a.cols <= kWarpMaxCols) {
+    if (packed && a.cols <= kWarpMaxCols && pack_aligned(a.grad_x) && (a.weight == nullptr || pack_aligned(a.weight)) &&
+        (a.grad_add == nullptr || (a.add_rs == a.cols && a.add_cs == 1 && pack_aligned(a.grad_add)))) {
+      const int64_t per_block = lb::kPackRowThreads / kWarpSize;
+      const int64_t blocks = (a.rows + per_block - 1) / per_block;
+      EMBER_CHECK(blocks <= std::numeric_limits<int32_t>::max(), ShapeError, "layer_norm_backward: ", a.rows,
+                  " rows exceed the CUDA kernel's grid");
+      if constexpr (kPackable<T, P>)
+        lb::grad_x_warp_pack_kernel<T><<<static_cast<unsigned int>(blocks), lb::kPackRowThreads, 0, stream>>>(a);
+    } else if (a.cols <= kWarpMaxCols) {
       const int64_t per_block = kRowThreads / kWarpSize;
       const int64_t blocks = std::min<int64_t>((a.rows + per_block - 1) / per_block, sms * 16);
       grad_x_warp_kernel<T, P><<<static_cast<unsigned int>(blocks), kRowThreads, 0, stream>>>(a);
@@ -171,15 +190,29 @@ void launch(const Args& a, const Tensor& grad_weight, const Tensor& grad_bias, D
   }
   if (!grad_weight.defined() && !grad_bias.defined()) return;
   // Groups of rows: from the sizes alone (not the device), so every device adds in the same order.
-  const int64_t groups = std::max<int64_t>(1, std::min(kMaxGroups, a.rows / kRowsPerGroup));
+  constexpr int64_t V = ::ember::cuda::Pack<T>::kSize;
+  const int64_t groups =
+      std::clamp<int64_t>(a.rows / (packed ? kPackGroupRows : kRowsPerGroup), int64_t{1}, kMaxGroups);
   const int64_t rows_per_group = (a.rows + groups - 1) / groups;
-  const dim3 grid(static_cast<unsigned int>((a.cols + kWarpSize - 1) / kWarpSize), static_cast<unsigned int>(groups));
-  const dim3 block(kWarpSize, kColumnRowThreads);
+  const int64_t col_blocks = packed ? (a.cols / V + kWarpSize - 1) / kWarpSize : (a.cols + kWarpSize - 1) / kWarpSize;
+  const dim3 grid(static_cast<unsigned int>(col_blocks), static_cast<unsigned int>(groups));
   void* gw = grad_weight.defined() ? grad_weight.raw_data() : nullptr;
   void* gb = grad_bias.defined() ? grad_bias.raw_data() : nullptr;
-  if (groups == 1) {
-    affine_partial_kernel<T, P><<<grid, block, 0, stream>>>(a, rows_per_group, gw, gb, true);
+  auto affine = [&](void* wsum, void* bsum, bool final) {
+    if constexpr (kPackable<T, P>) {
+      if (packed) {
+        lb::affine_partial_pack_kernel<T>
+            <<<grid, kWarpSize * kColumnRowThreads, 0, stream>>>(a, rows_per_group, wsum, bsum, final);
+        EMBER_CUDA_LAUNCH_CHECK();
+        return;
+      }
+    }
+    affine_partial_kernel<T, P>
+        <<<grid, dim3(kWarpSize, kColumnRowThreads), 0, stream>>>(a, rows_per_group, wsum, bsum, final);
     EMBER_CUDA_LAUNCH_CHECK();
+  };
+  if (groups == 1) {
+    affine(gw, gb, true);
     return;
   }
   // The partial sums, from the caching allocator; freed when this call returns, and since a freed block is handed out
@@ -187,18 +220,12 @@ void launch(const Args& a, const Tensor& grad_weight, const Tensor& grad_bias, D
   const DType acc = sizeof(A) == 8 ? DType::f64 : DType::f32;
   const Tensor pw = gw ? empty({groups, a.cols}, TensorOptions(acc, device)) : Tensor();
   const Tensor pb = gb ? empty({groups, a.cols}, TensorOptions(acc, device)) : Tensor();
-  affine_partial_kernel<T, P><<<grid, block, 0, stream>>>(a, rows_per_group, gw ? pw.raw_data() : nullptr,
-                                                          gb ? pb.raw_data() : nullptr, false);
-  EMBER_CUDA_LAUNCH_CHECK();
+  affine(gw ? pw.raw_data() : nullptr, gb ? pb.raw_data() : nullptr, false);
   const unsigned int blocks = ::ember::cuda::grid_for(a.cols, device.index);
-  if (gw) {
-    sum_groups_kernel<A, P><<<blocks, ::ember::cuda::kElementwiseThreads, 0, stream>>>(
-        static_cast<const A*>(pw.raw_data()), groups, a.cols, static_cast<P*>(gw));
-    EMBER_CUDA_LAUNCH_CHECK();
-  }
-  if (gb) {
-    sum_groups_kernel<A, P><<<blocks, ::ember::cuda::kElementwiseThreads, 0, stream>>>(
-        static_cast<const A*>(pb.raw_data()), groups, a.cols, static_cast<P*>(gb));
+  for (const auto& [partial, out] : {std::pair<const Tensor*, void*>{&pw, gw}, {&pb, gb}}) {
+    if (out == nullptr) continue;
+    reduce_pack::sum_groups_kernel<A, P><<<blocks, ::ember::cuda::kElementwiseThreads, 0, stream>>>(
+        static_cast<const A*>(partial->raw_data()), groups, a.cols, a.rows, /*mean=*/false, static_cast<P*>(out));
     EMBER_CUDA_LAUNCH_CHECK();
   }
 }

@@ -29,7 +29,7 @@ EMBER_HD_INLINE T finish(A total, int64_t count, bool mean) {
 // The end of a column block (kPackColumns packs x kRowThreads row threads; thread (tx, ty) holds acc[V], the sums of
 // pack cp's V columns over its rows): the kRowThreads sums of each column are added in ty order and stored into
 // out [cols] of T (`final`: finish(total, count, mean)) or into row blockIdx.y of the partial sums [groups, cols] of
-// A. Every thread of the block calls it (it has a barrier).
+// A. Every thread of the block calls it (it has barriers, and returns with the shared buffer free for another call).
 template <class T, class A, int V>
 __device__ __forceinline__ void store_column_block(const A (&acc)[V], int tx, int ty, int64_t cp, int64_t cols,
                                                    void* sums, bool final, int64_t count, bool mean) {
@@ -37,18 +37,20 @@ __device__ __forceinline__ void store_column_block(const A (&acc)[V], int tx, in
   EMBER_UNROLL
   for (int e = 0; e < V; ++e) partial[ty][e][tx] = acc[e];
   __syncthreads();
-  if (ty != 0 || cp * V >= cols) return;
-  EMBER_UNROLL
-  for (int e = 0; e < V; ++e) {
-    A total = 0;
+  if (ty == 0 && cp * V < cols) {
     EMBER_UNROLL
-    for (int k = 0; k < kRowThreads; ++k) total += partial[k][e][tx];
-    const int64_t col = cp * V + e;
-    if (final)
-      static_cast<T*>(sums)[col] = finish<T, A>(total, count, mean);
-    else
-      static_cast<A*>(sums)[static_cast<int64_t>(blockIdx.y) * cols + col] = total;
+    for (int e = 0; e < V; ++e) {
+      A total = 0;
+      EMBER_UNROLL
+      for (int k = 0; k < kRowThreads; ++k) total += partial[k][e][tx];
+      const int64_t col = cp * V + e;
+      if (final)
+        static_cast<T*>(sums)[col] = finish<T, A>(total, count, mean);
+      else
+        static_cast<A*>(sums)[static_cast<int64_t>(blockIdx.y) * cols + col] = total;
+    }
   }
+  __syncthreads();  // row 0 has read every row's sums before a second call writes them
 }
 
 // Adds the partial sums [groups, cols] of each column in group order into out [cols] (finish(total, count, mean)).
