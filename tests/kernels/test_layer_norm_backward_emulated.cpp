@@ -12,46 +12,13 @@
 // The emulator's definitions of the CUDA names come first.
 #include "ember/kernels/cuda/layer_norm_backward_kernels.cuh"
 #include "tests/harness/op_harness.h"
+#include "tests/kernels/emulated_buffers.h"
 
 namespace ember::testing {
 namespace {
 
 namespace lb = ::ember::kernels::cuda::layer_norm_backward;
 namespace rp = ::ember::kernels::cuda::reduce_pack;
-
-// 16-byte aligned storage for n elements of T.
-template <class T>
-struct Aligned {
-  struct alignas(16) Chunk {
-    unsigned char b[16];
-  };
-  std::vector<Chunk> buf;
-  T* data;
-  explicit Aligned(int64_t n, T fill = T(0)) : buf(static_cast<size_t>((n * sizeof(T) + 15) / 16 + 1)) {
-    data = reinterpret_cast<T*>(buf.data());
-    for (int64_t i = 0; i < n; ++i) data[i] = fill;
-  }
-  double at(int64_t i) const { return static_cast<double>(static_cast<float>(data[i])); }
-};
-
-template <class T>
-void fill_random(Aligned<T>& a, int64_t n, uint32_t seed, double lo, double hi) {
-  uint32_t state = seed;
-  for (int64_t i = 0; i < n; ++i) {
-    state = state * 1664525u + 1013904223u;
-    a.data[i] = T(static_cast<float>(lo + (hi - lo) * static_cast<double>(state >> 8) / static_cast<double>(1u << 24)));
-  }
-}
-
-// max |got - want| / max |want| (a NaN left in the output counts as infinite).
-double normalised_error(const std::vector<double>& got, const std::vector<double>& want) {
-  double err = 0.0, scale = 0.0;
-  for (size_t i = 0; i < want.size(); ++i) {
-    err = std::isfinite(got[i]) ? std::max(err, std::abs(got[i] - want[i])) : INFINITY;
-    scale = std::max(scale, std::abs(want[i]));
-  }
-  return err / scale;
-}
 
 template <class T>
 void check_backward(int64_t rows, int64_t cols, bool weight, bool add, int64_t groups, bool wgrad, bool bgrad) {
@@ -63,11 +30,11 @@ void check_backward(int64_t rows, int64_t cols, bool weight, bool add, int64_t g
   ASSERT_EQ(cols % V, 0);
   const int64_t n = rows * cols;
   const T poison = T(std::numeric_limits<float>::quiet_NaN());
-  Aligned<T> g(n), x(n), w(cols), ga(n), gx(n, poison);
-  fill_random(g, n, 3u + static_cast<uint32_t>(cols), -1.0, 1.0);
-  fill_random(x, n, 5u + static_cast<uint32_t>(rows), -1.5, 2.5);
-  fill_random(w, cols, 7u, 0.5, 1.5);
-  fill_random(ga, n, 11u, -1.0, 1.0);
+  AlignedBuffer<T> g(n), x(n), w(cols), ga(n), gx(n, poison);
+  fill_uniform(g, n, 3u + static_cast<uint32_t>(cols), -1.0, 1.0);
+  fill_uniform(x, n, 5u + static_cast<uint32_t>(rows), -1.5, 2.5);
+  fill_uniform(w, cols, 7u, 0.5, 1.5);
+  fill_uniform(ga, n, 11u, -1.0, 1.0);
   std::vector<A> mean(static_cast<size_t>(rows)), rstd(static_cast<size_t>(rows));
   for (int64_t r = 0; r < rows; ++r) {
     double s = 0.0, ss = 0.0;
@@ -96,7 +63,7 @@ void check_backward(int64_t rows, int64_t cols, bool weight, bool add, int64_t g
   const unsigned row_blocks = static_cast<unsigned>((rows + 3) / 4);
   simt::launch(simt::Dim3{row_blocks, 1, 1}, lb::kPackRowThreads, [&] { lb::grad_x_warp_pack_kernel<T>(a); });
 
-  Aligned<T> gw(cols, poison), gb(cols, poison);
+  AlignedBuffer<T> gw(cols, poison), gb(cols, poison);
   std::vector<A> pw(static_cast<size_t>(groups * cols), std::numeric_limits<A>::quiet_NaN()), pb = pw;
   const int64_t rows_per_group = (rows + groups - 1) / groups;
   const bool final = groups == 1;

@@ -11,6 +11,7 @@
 // The emulator's definitions of the CUDA names come first.
 #include "ember/kernels/cuda/reduce_pack_kernels.cuh"
 #include "tests/harness/op_harness.h"
+#include "tests/kernels/emulated_buffers.h"
 
 namespace ember::testing {
 namespace {
@@ -20,38 +21,17 @@ namespace rp = ::ember::kernels::cuda::reduce_pack;
 template <class T>
 using Acc = std::conditional_t<std::is_same_v<T, float>, double, float>;
 
-// 16-byte aligned storage for n elements of T, filled with values in [-2, 2) (a ramp of draws whose sums cancel).
-template <class T>
-struct Operand {
-  struct alignas(16) Chunk {
-    unsigned char b[16];
-  };
-  std::vector<Chunk> buf;
-  T* data;
-  Operand(int64_t n, uint32_t seed) : buf(static_cast<size_t>((n * sizeof(T) + 15) / 16)) {
-    data = reinterpret_cast<T*>(buf.data());
-    uint32_t state = seed;
-    for (int64_t i = 0; i < n; ++i) {
-      state = state * 1664525u + 1013904223u;
-      data[i] = T(static_cast<float>(4.0 * (static_cast<double>(state >> 8) / static_cast<double>(1u << 24)) - 2.0));
-    }
-  }
-  double at(int64_t i) const { return static_cast<float>(data[i]); }
-};
-
 template <class T>
 T nan_of() {
   return T(std::numeric_limits<float>::quiet_NaN());
 }
 
-// max |got - want| / max |want| over the outputs (a NaN left in the output counts as infinite).
-double normalised_error(const std::vector<double>& got, const std::vector<double>& want) {
-  double err = 0.0, scale = 0.0;
-  for (size_t i = 0; i < want.size(); ++i) {
-    err = std::isfinite(got[i]) ? std::max(err, std::abs(got[i] - want[i])) : INFINITY;
-    scale = std::max(scale, std::abs(want[i]));
-  }
-  return err / scale;
+// n elements of T in [-2, 2) (draws whose sums cancel), 16-byte aligned.
+template <class T>
+AlignedBuffer<T> operand(int64_t n, uint32_t seed) {
+  AlignedBuffer<T> b(n);
+  fill_uniform(b, n, seed, -2.0, 2.0);
+  return b;
 }
 
 // f32 in double: the output's one rounding; bf16 in float: the output's rounding (2^-9) and float additions.
@@ -67,7 +47,7 @@ void check_columns(int64_t rows, int64_t cols, int64_t groups, bool mean, uint32
   using A = Acc<T>;
   constexpr int V = ::ember::cuda::Pack<T>::kSize;
   ASSERT_EQ(cols % V, 0);
-  const Operand<T> in(rows * cols, seed);
+  const AlignedBuffer<T> in = operand<T>(rows * cols, seed);
   std::vector<T> out(static_cast<size_t>(cols), nan_of<T>());
   std::vector<A> partial(static_cast<size_t>(groups * cols), std::numeric_limits<A>::quiet_NaN());
   const int64_t rows_per_group = (rows + groups - 1) / groups;
@@ -96,7 +76,7 @@ void check_rows(int64_t rows, int64_t n, unsigned blocks, bool mean, uint32_t se
                                     << " blocks " << blocks << (mean ? " mean" : " sum"));
   using A = Acc<T>;
   ASSERT_EQ(n % ::ember::cuda::Pack<T>::kSize, 0);
-  const Operand<T> in(rows * n, seed);
+  const AlignedBuffer<T> in = operand<T>(rows * n, seed);
   std::vector<T> out(static_cast<size_t>(rows), nan_of<T>());
   simt::launch(simt::Dim3{blocks, 1, 1}, rp::kRowBlockWarps * 32,
                [&] { rp::row_sum_pack_kernel<T, A>(in.data, rows, n, mean, out.data()); });

@@ -40,18 +40,14 @@ __global__ void __launch_bounds__(32 * kRowThreads)
   using A = op_math_t<T>;
   using P = ::ember::cuda::Pack<T>;
   constexpr int V = P::kSize;
-  const int tx = static_cast<int>(threadIdx.x) % 32, ty = static_cast<int>(threadIdx.x) / 32;
-  const int64_t col_packs = cols / V;
-  const int64_t cp = static_cast<int64_t>(blockIdx.x) * 32 + tx;
-  const int64_t r0 = static_cast<int64_t>(blockIdx.y) * rows_per_group;
-  const int64_t r1 = r0 + rows_per_group < rows ? r0 + rows_per_group : rows;
+  const reduce_pack::ColumnThread t = reduce_pack::column_thread(rows, cols, rows_per_group, V);
   A acc[V];
   EMBER_UNROLL
   for (int e = 0; e < V; ++e) acc[e] = A(0);
-  if (cp < col_packs) {
-    const P bv = reinterpret_cast<const P*>(bias)[cp];
-    for (int64_t r = r0 + ty; r < r1; r += kRowThreads) {
-      const int64_t i = r * col_packs + cp;
+  if (t.cp < t.col_packs) {
+    const P bv = reinterpret_cast<const P*>(bias)[t.cp];
+    for (int64_t r = t.r0 + t.ty; r < t.r1; r += kRowThreads) {
+      const int64_t i = r * t.col_packs + t.cp;
       const P gv = reinterpret_cast<const P*>(g)[i], xv = reinterpret_cast<const P*>(x)[i];
       P d;
       EMBER_UNROLL
@@ -65,7 +61,7 @@ __global__ void __launch_bounds__(32 * kRowThreads)
     }
   }
   if (sums == nullptr) return;  // uniform over the grid: no thread reaches the barrier
-  reduce_pack::store_column_block<T, A, V>(acc, tx, ty, cp, cols, sums, final, rows, /*mean=*/false);
+  reduce_pack::store_column_block<T, A, V>(acc, t.tx, t.ty, t.cp, cols, sums, final, rows, /*mean=*/false);
 }
 
 }  // namespace ember::kernels::cuda::bias_gelu

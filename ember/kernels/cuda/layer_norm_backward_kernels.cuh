@@ -113,24 +113,19 @@ __global__ void __launch_bounds__(reduce_pack::kPackColumns* reduce_pack::kRowTh
   using P = ::ember::cuda::Pack<T>;
   constexpr int V = P::kSize;
   constexpr int kRows = reduce_pack::kRowThreads;
-  const int tx = static_cast<int>(threadIdx.x) % reduce_pack::kPackColumns;
-  const int ty = static_cast<int>(threadIdx.x) / reduce_pack::kPackColumns;
-  const int64_t col_packs = a.cols / V;
-  const int64_t cp = static_cast<int64_t>(blockIdx.x) * reduce_pack::kPackColumns + tx;
-  const int64_t r0 = static_cast<int64_t>(blockIdx.y) * rows_per_group;
-  const int64_t r1 = r0 + rows_per_group < a.rows ? r0 + rows_per_group : a.rows;
+  const reduce_pack::ColumnThread t = reduce_pack::column_thread(a.rows, a.cols, rows_per_group, V);
   A aw[V], ab[V];
   EMBER_UNROLL
   for (int e = 0; e < V; ++e) aw[e] = ab[e] = A(0);
-  if (cp < col_packs) {
-    const P* g = static_cast<const P*>(a.g) + cp;
-    const P* x = static_cast<const P*>(a.x) + cp;
+  if (t.cp < t.col_packs) {
+    const P* g = static_cast<const P*>(a.g) + t.cp;
+    const P* x = static_cast<const P*>(a.x) + t.cp;
     const A* mean = static_cast<const A*>(a.mean);
     const A* rstd = static_cast<const A*>(a.rstd);
-    for (int64_t r = r0 + ty; r < r1; r += kRows) {
-      const P gp = g[r * col_packs];
+    for (int64_t r = t.r0 + t.ty; r < t.r1; r += kRows) {
+      const P gp = g[r * t.col_packs];
       if (wsum != nullptr) {
-        const P xp = x[r * col_packs];
+        const P xp = x[r * t.col_packs];
         const A mu = mean[r], k = rstd[r];
         EMBER_UNROLL
         for (int e = 0; e < V; ++e) aw[e] += static_cast<A>(gp.v[e]) * ((static_cast<A>(xp.v[e]) - mu) * k);
@@ -139,8 +134,10 @@ __global__ void __launch_bounds__(reduce_pack::kPackColumns* reduce_pack::kRowTh
       for (int e = 0; e < V; ++e) ab[e] += static_cast<A>(gp.v[e]);
     }
   }
-  if (wsum != nullptr) reduce_pack::store_column_block<T, A, V>(aw, tx, ty, cp, a.cols, wsum, final, a.rows, false);
-  if (bsum != nullptr) reduce_pack::store_column_block<T, A, V>(ab, tx, ty, cp, a.cols, bsum, final, a.rows, false);
+  if (wsum != nullptr)
+    reduce_pack::store_column_block<T, A, V>(aw, t.tx, t.ty, t.cp, a.cols, wsum, final, a.rows, false);
+  if (bsum != nullptr)
+    reduce_pack::store_column_block<T, A, V>(ab, t.tx, t.ty, t.cp, a.cols, bsum, final, a.rows, false);
 }
 
 }  // namespace ember::kernels::cuda::layer_norm_backward

@@ -53,6 +53,24 @@ __device__ __forceinline__ void store_column_block(const A (&acc)[V], int tx, in
   __syncthreads();  // row 0 has read every row's sums before a second call writes them
 }
 
+// Where a thread of a column block (kPackColumns packs x kRowThreads row threads over group blockIdx.y of
+// rows_per_group rows of [rows, cols]) works: pack column cp of col_packs, rows r0 + ty, r0 + ty + kRowThreads, ...
+// below r1.
+struct ColumnThread {
+  int tx, ty;
+  int64_t col_packs, cp, r0, r1;
+};
+__device__ __forceinline__ ColumnThread column_thread(int64_t rows, int64_t cols, int64_t rows_per_group, int V) {
+  ColumnThread t;
+  t.tx = static_cast<int>(threadIdx.x) % kPackColumns;
+  t.ty = static_cast<int>(threadIdx.x) / kPackColumns;
+  t.col_packs = cols / V;
+  t.cp = static_cast<int64_t>(blockIdx.x) * kPackColumns + t.tx;
+  t.r0 = static_cast<int64_t>(blockIdx.y) * rows_per_group;
+  t.r1 = t.r0 + rows_per_group < rows ? t.r0 + rows_per_group : rows;
+  return t;
+}
+
 // Adds the partial sums [groups, cols] of each column in group order into out [cols] (finish(total, count, mean)).
 template <class A, class T>
 __global__ void sum_groups_kernel(const A* partial, int64_t groups, int64_t cols, int64_t count, bool mean, T* out) {
@@ -72,24 +90,20 @@ __global__ void __launch_bounds__(kPackColumns* kRowThreads)
                            bool mean) {
   using P = ::ember::cuda::Pack<T>;
   constexpr int V = P::kSize;
-  const int tx = static_cast<int>(threadIdx.x) % kPackColumns, ty = static_cast<int>(threadIdx.x) / kPackColumns;
-  const int64_t col_packs = cols / V;
-  const int64_t cp = static_cast<int64_t>(blockIdx.x) * kPackColumns + tx;
-  const int64_t r0 = static_cast<int64_t>(blockIdx.y) * rows_per_group;
-  const int64_t r1 = r0 + rows_per_group < rows ? r0 + rows_per_group : rows;
+  const ColumnThread t = column_thread(rows, cols, rows_per_group, V);
   A acc[V];
   EMBER_UNROLL
   for (int e = 0; e < V; ++e) acc[e] = A(0);
-  if (cp < col_packs) {
-    const P* src = reinterpret_cast<const P*>(in) + cp;
+  if (t.cp < t.col_packs) {
+    const P* src = reinterpret_cast<const P*>(in) + t.cp;
     EMBER_UNROLL_N(4)
-    for (int64_t r = r0 + ty; r < r1; r += kRowThreads) {
-      const P p = src[r * col_packs];
+    for (int64_t r = t.r0 + t.ty; r < t.r1; r += kRowThreads) {
+      const P p = src[r * t.col_packs];
       EMBER_UNROLL
       for (int e = 0; e < V; ++e) acc[e] += static_cast<A>(static_cast<op_math_t<T>>(p.v[e]));
     }
   }
-  store_column_block<T, A, V>(acc, tx, ty, cp, cols, sums, final, rows, mean);
+  store_column_block<T, A, V>(acc, t.tx, t.ty, t.cp, cols, sums, final, rows, mean);
 }
 
 // Row sums of contiguous in [rows, n] (n a whole number of packs, in 16-byte aligned) into out [rows]: a warp per row
