@@ -22,7 +22,6 @@
 
 namespace ember::cuda::flash {
 
-using ::ember::kernels::ember_exp;
 using ::ember::kernels::ember_log;
 
 // Note [Flash attention]
@@ -42,6 +41,9 @@ using ::ember::kernels::ember_log;
 // CPU kernel gives. Unlike the CPU kernel, which visits only a row's unmasked keys, the tile products also multiply
 // the masked keys of the diagonal tile (by p = 0): a NaN or inf in such a key's k or v (or, backward, in a masked
 // query's q or grad_out) makes the rows of that tile NaN here and not on the CPU. Finite inputs give the same sums.
+//
+// Exponentials are taken in base 2 (Note [Flash exponentials]), and a tile pair without masked elements skips the
+// per-element mask test (tile_has_masked).
 //
 // Backward, two launches; p is recomputed as e^(s - lse) from the saved lse, and
 //   ds_ij = p_ij (dp_ij - delta_i) scale,  dp = grad_out v^T,  delta_i = sum_j p_ij dp_ij = grad_out_i . o_i.
@@ -77,10 +79,20 @@ struct FlashParams {
   float* lse;                // [B, H, T] (written by the forward, read by the backward)
   float* delta;              // [B, H, T] (backward scratch)
   int64_t B, T, C, H;
-  int64_t tiles;  // ceil(T / kTile)
-  float scale;    // 1 / sqrt(HD)
+  int64_t tiles;     // ceil(T / kTile)
+  float scale;       // 1 / sqrt(HD)
+  float scale_log2;  // scale log2(e): scores in base-2 units (Note [Flash exponentials])
   bool causal;
 };
+
+// Note [Flash exponentials]
+// Every e^x of the kernels is computed as 2^(x log2 e) with exp2f, whose device form is one MUFU.EX2 (plus a scaling
+// for results below 2^-126), where expf adds a range reduction of several instructions: with the scale folded in,
+// a score's exponential costs one FMUL or FFMA and one EX2. The forward keeps the running max in base-2 units (s
+// scale log2 e) and stores lse = m ln 2 + log l in natural units; the backward takes lse log2 e per row. The
+// exponentials differ from expf's by at most a few ulps of f32, well below the 16-bit rounding of p.
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
 
 // Loads and stores of a whole word (4 or 16 bytes) at an address aligned to its size. Host compilations (the
 // emulated test of tests/harness/simt_emulator.h) copy bytes, as strict aliasing requires, and stop on a misaligned
@@ -275,37 +287,65 @@ __device__ __forceinline__ bool masked(const FlashParams& p, int64_t qi, int64_t
   return qi >= p.T || kj >= p.T || (p.causal && kj > qi);
 }
 
-// p = e^(s scale - lse) in place of a warp's 16 x kTile scores s (C layout), 0 where masked: query_of(nt, e) and
-// key_of(nt, e) give the query and key of element (nt, e), lse_of(nt, e) its query's lse.
-template <class QueryFn, class KeyFn, class LseFn>
+// Whether the pair (query tile q0, key tile k0) has a masked element at all: a query or key past T, or, causal, a
+// key after one of the tile's queries (the diagonal tile: tiles are aligned). Uniform over the block; the other pairs
+// (all but one or two per row of tiles at GPT-2's T) skip the per-element test, which is about a third of the
+// instructions of a tile's score math.
+__device__ __forceinline__ bool tile_has_masked(const FlashParams& p, int64_t q0, int64_t k0) {
+  return q0 + kTile > p.T || k0 + kTile > p.T || (p.causal && k0 + kTile - 1 > q0);
+}
+
+// p = e^(s scale - lse) = 2^(s scale log2 e - lse log2 e) in place of a warp's 16 x kTile scores s (C layout), 0
+// where masked (tested only when kEdge: tile_has_masked): query_of(nt, e) and key_of(nt, e) give the query and key of
+// element (nt, e), lse2_of(nt, e) its query's lse log2 e (Note [Flash exponentials]).
+template <bool kEdge, class QueryFn, class KeyFn, class LseFn>
 __device__ __forceinline__ void probabilities(float (&s)[kNt][4], const FlashParams& p, QueryFn query_of, KeyFn key_of,
-                                              LseFn lse_of) {
+                                              LseFn lse2_of) {
   EMBER_UNROLL
   for (int nt = 0; nt < kNt; ++nt) {
     EMBER_UNROLL
-    for (int e = 0; e < 4; ++e)
-      s[nt][e] = masked(p, query_of(nt, e), key_of(nt, e)) ? 0.0f : ember_exp(s[nt][e] * p.scale - lse_of(nt, e));
+    for (int e = 0; e < 4; ++e) {
+      const float v = exp2f(s[nt][e] * p.scale_log2 - lse2_of(nt, e));
+      s[nt][e] = kEdge && masked(p, query_of(nt, e), key_of(nt, e)) ? 0.0f : v;
+    }
   }
 }
 
-// ds = p (dp - delta) scale in place of dp (0 where masked), with p from `probabilities` and delta_of(nt, e) the
-// query's delta.
-template <class QueryFn, class KeyFn, class DeltaFn>
+// ds = p (dp - delta) scale in place of dp (0 where masked, tested only when kEdge), with p from `probabilities` and
+// delta_of(nt, e) the query's delta.
+template <bool kEdge, class QueryFn, class KeyFn, class DeltaFn>
 __device__ __forceinline__ void score_grads(float (&dp)[kNt][4], const float (&pr)[kNt][4], const FlashParams& p,
                                             QueryFn query_of, KeyFn key_of, DeltaFn delta_of) {
   EMBER_UNROLL
   for (int nt = 0; nt < kNt; ++nt) {
     EMBER_UNROLL
-    for (int e = 0; e < 4; ++e)
-      dp[nt][e] =
-          masked(p, query_of(nt, e), key_of(nt, e)) ? 0.0f : pr[nt][e] * (dp[nt][e] - delta_of(nt, e)) * p.scale;
+    for (int e = 0; e < 4; ++e) {
+      const float v = pr[nt][e] * (dp[nt][e] - delta_of(nt, e)) * p.scale;
+      dp[nt][e] = kEdge && masked(p, query_of(nt, e), key_of(nt, e)) ? 0.0f : v;
+    }
+  }
+}
+
+// The forward's scores of one key tile in base-2 units (s scale log2 e; -inf where masked, tested only when kEdge)
+// and the row maxima of the thread's elements into mx.
+template <bool kEdge>
+__device__ __forceinline__ void base2_scores(float (&s)[kNt][4], float (&mx)[2], const FlashParams& p,
+                                             const int64_t (&rows)[2], int64_t k0, int t) {
+  EMBER_UNROLL
+  for (int nt = 0; nt < kNt; ++nt) {
+    EMBER_UNROLL
+    for (int e = 0; e < 4; ++e) {
+      const float v = s[nt][e] * p.scale_log2;
+      s[nt][e] = kEdge && masked(p, rows[e >> 1], k0 + nt * 8 + 2 * t + (e & 1)) ? -INFINITY : v;
+      mx[e >> 1] = fmaxf(mx[e >> 1], s[nt][e]);
+    }
   }
 }
 
 // ---- kernels ----------------------------------------------------------------------------------------------------
 
 template <class T, int HD>
-__global__ void __launch_bounds__(kThreads) flash_forward_kernel(FlashParams p) {
+__global__ void __launch_bounds__(kThreads, HD == 32 ? 4 : 3) flash_forward_kernel(FlashParams p) {
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
   __shared__ __align__(16) uint16_t ks[kTile][HD + kPad];
   __shared__ __align__(16) uint16_t vs[kTile][HD + kPad];
@@ -328,21 +368,16 @@ __global__ void __launch_bounds__(kThreads) flash_forward_kernel(FlashParams p) 
     float s[kNt][4];
     product_rows<T, HD>(s, qa, ks, lane);
     float mx[2] = {-inf, -inf};
-    EMBER_UNROLL
-    for (int nt = 0; nt < kNt; ++nt) {
-      EMBER_UNROLL
-      for (int e = 0; e < 4; ++e) {
-        const int64_t key = k0 + nt * 8 + 2 * t + (e & 1);
-        s[nt][e] = masked(p, rows[e >> 1], key) ? -inf : s[nt][e] * p.scale;
-        mx[e >> 1] = fmaxf(mx[e >> 1], s[nt][e]);
-      }
-    }
-    float ref[2];
+    if (tile_has_masked(p, q0, k0))
+      base2_scores<true>(s, mx, p, rows, k0, t);
+    else
+      base2_scores<false>(s, mx, p, rows, k0, t);
+    float ref[2];  // base 2 (Note [Flash exponentials]), as m
     EMBER_UNROLL
     for (int r = 0; r < 2; ++r) {
       const float m_new = fmaxf(m[r], quad_max(mx[r]));
       ref[r] = m_new == -inf ? 0.0f : m_new;
-      const float alpha = ember_exp(m[r] - ref[r]);
+      const float alpha = exp2f(m[r] - ref[r]);
       m[r] = m_new;
       l[r] *= alpha;
       EMBER_UNROLL
@@ -355,7 +390,7 @@ __global__ void __launch_bounds__(kThreads) flash_forward_kernel(FlashParams p) 
     for (int nt = 0; nt < kNt; ++nt) {
       EMBER_UNROLL
       for (int e = 0; e < 4; ++e) {
-        s[nt][e] = ember_exp(s[nt][e] - ref[e >> 1]);
+        s[nt][e] = exp2f(s[nt][e] - ref[e >> 1]);
         l[e >> 1] += s[nt][e];
       }
     }
@@ -366,7 +401,7 @@ __global__ void __launch_bounds__(kThreads) flash_forward_kernel(FlashParams p) 
   for (int r = 0; r < 2; ++r) {
     l[r] = quad_sum(l[r]);
     inv[r] = 1.0f / l[r];
-    if (t == 0 && rows[r] < p.T) p.lse[w.bh * p.T + rows[r]] = m[r] + ember_log(l[r]);
+    if (t == 0 && rows[r] < p.T) p.lse[w.bh * p.T + rows[r]] = m[r] * kLn2 + ember_log(l[r]);
   }
   store_rows<T, HD>(p.out + w.b * p.T * p.C + w.h * HD, p.C, r0, p.T, o, inv, lane);
 #else
@@ -387,15 +422,15 @@ __global__ void __launch_bounds__(kThreads) flash_backward_dq_kernel(FlashParams
   const uint16_t* go = p.grad_out + w.b * p.T * p.C + w.h * HD;
   const int64_t q0 = w.tile * kTile, r0 = q0 + 16 * warp;
   const int64_t rows[2] = {r0 + g, r0 + g + 8};
-  float lse[2];
+  float lse2[2];  // lse log2 e (Note [Flash exponentials])
   EMBER_UNROLL
-  for (int r = 0; r < 2; ++r) lse[r] = rows[r] < p.T ? p.lse[w.bh * p.T + rows[r]] : 0.0f;
+  for (int r = 0; r < 2; ++r) lse2[r] = rows[r] < p.T ? p.lse[w.bh * p.T + rows[r]] * kLog2e : 0.0f;
 
   uint32_t qa[HD / 16][4], da[HD / 16][4];
   load_a<HD>(qa, q, R, r0, p.T, lane);
   load_a<HD>(da, go, p.C, r0, p.T, lane);
   auto query_of = [&](int, int e) { return rows[e >> 1]; };
-  auto lse_of = [&](int, int e) { return lse[e >> 1]; };
+  auto lse2_of = [&](int, int e) { return lse2[e >> 1]; };
   const int64_t k_end = key_end(p, q0);
 
   // delta_i = grad_out_i . o_i, with o from the forward or from a first pass: o = sum_j p_ij v_j (C layout).
@@ -419,8 +454,11 @@ __global__ void __launch_bounds__(kThreads) flash_backward_dq_kernel(FlashParams
       load_kv<HD>(ks, vs, q, p, k0, tid);
       float s[kNt][4];
       product_rows<T, HD>(s, qa, ks, lane);
-      probabilities(
-          s, p, query_of, [&](int nt, int e) { return k0 + nt * 8 + 2 * t + (e & 1); }, lse_of);
+      auto key_of = [&](int nt, int e) { return k0 + nt * 8 + 2 * t + (e & 1); };
+      if (tile_has_masked(p, q0, k0))
+        probabilities<true>(s, p, query_of, key_of, lse2_of);
+      else
+        probabilities<false>(s, p, query_of, key_of, lse2_of);
       accumulate_columns<T, HD>(o, s, vs, lane);
     }
     EMBER_UNROLL
@@ -447,9 +485,15 @@ __global__ void __launch_bounds__(kThreads) flash_backward_dq_kernel(FlashParams
     float s[kNt][4], dp[kNt][4];
     product_rows<T, HD>(s, qa, ks, lane);
     auto key_of = [&](int nt, int e) { return k0 + nt * 8 + 2 * t + (e & 1); };
-    probabilities(s, p, query_of, key_of, lse_of);
+    auto delta_of = [&](int, int e) { return delta[e >> 1]; };
     product_rows<T, HD>(dp, da, vs, lane);
-    score_grads(dp, s, p, query_of, key_of, [&](int, int e) { return delta[e >> 1]; });
+    if (tile_has_masked(p, q0, k0)) {
+      probabilities<true>(s, p, query_of, key_of, lse2_of);
+      score_grads<true>(dp, s, p, query_of, key_of, delta_of);
+    } else {
+      probabilities<false>(s, p, query_of, key_of, lse2_of);
+      score_grads<false>(dp, s, p, query_of, key_of, delta_of);
+    }
     accumulate_columns<T, HD>(dq, dp, ks, lane);
   }
   const float one[2] = {1.0f, 1.0f};
@@ -488,17 +532,26 @@ __global__ void __launch_bounds__(kThreads) flash_backward_dkdv_kernel(FlashPara
     load_tile<HD>(gs, go, p.C, q0, p.T, tid);
     for (int i = tid; i < kTile; i += kThreads) {
       const bool inside = q0 + i < p.T;
-      lse_s[i] = inside ? p.lse[w.bh * p.T + q0 + i] : 0.0f;
+      lse_s[i] = inside ? p.lse[w.bh * p.T + q0 + i] * kLog2e : 0.0f;  // Note [Flash exponentials]
       delta_s[i] = inside ? p.delta[w.bh * p.T + q0 + i] : 0.0f;
     }
     __syncthreads();
     auto query_of = [&](int nt, int e) { return q0 + nt * 8 + 2 * t + (e & 1); };
     float s[kNt][4], dp[kNt][4];
+    auto lse2_of = [&](int nt, int e) { return lse_s[nt * 8 + 2 * t + (e & 1)]; };
+    auto delta_of = [&](int nt, int e) { return delta_s[nt * 8 + 2 * t + (e & 1)]; };
+    const bool edge = tile_has_masked(p, q0, k0);
     product_rows<T, HD>(s, ka, qs, lane);  // s^T = k q^T
-    probabilities(s, p, query_of, key_of, [&](int nt, int e) { return lse_s[nt * 8 + 2 * t + (e & 1)]; });
+    if (edge)
+      probabilities<true>(s, p, query_of, key_of, lse2_of);
+    else
+      probabilities<false>(s, p, query_of, key_of, lse2_of);
     accumulate_columns<T, HD>(dv, s, gs, lane);  // dv += p^T grad_out
     product_rows<T, HD>(dp, va, gs, lane);       // dp^T = v grad_out^T
-    score_grads(dp, s, p, query_of, key_of, [&](int nt, int e) { return delta_s[nt * 8 + 2 * t + (e & 1)]; });
+    if (edge)
+      score_grads<true>(dp, s, p, query_of, key_of, delta_of);
+    else
+      score_grads<false>(dp, s, p, query_of, key_of, delta_of);
     accumulate_columns<T, HD>(dk, dp, qs, lane);  // dk += ds^T q
   }
   const float one[2] = {1.0f, 1.0f};
@@ -520,6 +573,7 @@ inline FlashParams make_params(const FlashShape& s, bool causal) {
   p.H = s.H;
   p.tiles = (s.T + kTile - 1) / kTile;
   p.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(s.C / s.H)));
+  p.scale_log2 = static_cast<float>(1.4426950408889634 / std::sqrt(static_cast<double>(s.C / s.H)));
   p.causal = causal;
   return p;
 }
