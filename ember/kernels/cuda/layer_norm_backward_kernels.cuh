@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 #include "ember/base/host_device.h"
 #include "ember/core/half.h"
@@ -57,23 +58,26 @@ __global__ void __launch_bounds__(kPackRowThreads) grad_x_warp_pack_kernel(Args 
   const P* x = reinterpret_cast<const P*>(static_cast<const T*>(a.x) + row * a.cols);
   const P* w = static_cast<const P*>(a.weight);
   const A mu = static_cast<const A*>(a.mean)[row], k = static_cast<const A*>(a.rstd)[row];
+  // Every load is issued before the first use (loads under `if (live)` would wait for each other); a lane past the
+  // row reads the row's last pack again (packs >= 1: the launcher returns on cols 0) and ignores it.
+  P gp[kPacks], xp[kPacks], wp[kPacks];
+  EMBER_UNROLL
+  for (int c = 0; c < kPacks; ++c) {
+    const int64_t pc = lane + static_cast<int64_t>(c) * 32 < packs ? lane + static_cast<int64_t>(c) * 32 : packs - 1;
+    gp[c] = g[pc];
+    xp[c] = x[pc];
+    if (w != nullptr) wp[c] = w[pc];
+  }
   A d[kPacks][V], xh[kPacks][V];
   A sa = 0, sb = 0;  // sum d, sum d * xhat
   EMBER_UNROLL
   for (int c = 0; c < kPacks; ++c) {
-    const int64_t pc = lane + static_cast<int64_t>(c) * 32;
-    const bool live = pc < packs;
-    P gp, xp, wp;
-    if (live) {
-      gp = g[pc];
-      xp = x[pc];
-      if (w != nullptr) wp = w[pc];
-    }
+    const bool live = lane + static_cast<int64_t>(c) * 32 < packs;
     EMBER_UNROLL
     for (int e = 0; e < V; ++e) {
-      A dv = live ? static_cast<A>(gp.v[e]) : A(0);
-      if (w != nullptr && live) dv *= static_cast<A>(wp.v[e]);
-      const A xv = live ? (static_cast<A>(xp.v[e]) - mu) * k : A(0);
+      A dv = live ? static_cast<A>(gp[c].v[e]) : A(0);
+      if (w != nullptr && live) dv *= static_cast<A>(wp[c].v[e]);
+      const A xv = live ? (static_cast<A>(xp[c].v[e]) - mu) * k : A(0);
       d[c][e] = dv;
       xh[c][e] = xv;
       sa += dv;
@@ -119,20 +123,47 @@ __global__ void __launch_bounds__(reduce_pack::kPackColumns* reduce_pack::kRowTh
   for (int e = 0; e < V; ++e) aw[e] = ab[e] = A(0);
   if (t.cp < t.col_packs) {
     const P* g = static_cast<const P*>(a.g) + t.cp;
-    const P* x = static_cast<const P*>(a.x) + t.cp;
+    const P* x = a.x != nullptr ? static_cast<const P*>(a.x) + t.cp : nullptr;  // null: grad_bias alone
     const A* mean = static_cast<const A*>(a.mean);
     const A* rstd = static_cast<const A*>(a.rstd);
-    for (int64_t r = t.r0 + t.ty; r < t.r1; r += kRows) {
-      const P gp = g[r * t.col_packs];
-      if (wsum != nullptr) {
-        const P xp = x[r * t.col_packs];
-        const A mu = mean[r], k = rstd[r];
+    // Rows two at a time with every load of both issued first (loads under a branch would wait for each other),
+    // added in row order; kWeight: whether x, mean and rstd are read (the weight's gradient is asked for).
+    auto walk = [&](auto weight) {
+      constexpr bool kWeight = decltype(weight)::value;
+      auto add = [&](const P& gp, const P& xp, A mu, A k) {
         EMBER_UNROLL
-        for (int e = 0; e < V; ++e) aw[e] += static_cast<A>(gp.v[e]) * ((static_cast<A>(xp.v[e]) - mu) * k);
+        for (int e = 0; e < V; ++e) {
+          if constexpr (kWeight) aw[e] += static_cast<A>(gp.v[e]) * ((static_cast<A>(xp.v[e]) - mu) * k);
+          ab[e] += static_cast<A>(gp.v[e]);
+        }
+      };
+      int64_t r = t.r0 + t.ty;
+      for (; r + kRows < t.r1; r += 2 * kRows) {
+        const P g0 = g[r * t.col_packs], g1 = g[(r + kRows) * t.col_packs];
+        P x0{}, x1{};
+        A mu0 = 0, mu1 = 0, k0 = 0, k1 = 0;
+        if constexpr (kWeight) {
+          x0 = x[r * t.col_packs];
+          x1 = x[(r + kRows) * t.col_packs];
+          mu0 = mean[r];
+          mu1 = mean[r + kRows];
+          k0 = rstd[r];
+          k1 = rstd[r + kRows];
+        }
+        add(g0, x0, mu0, k0);
+        add(g1, x1, mu1, k1);
       }
-      EMBER_UNROLL
-      for (int e = 0; e < V; ++e) ab[e] += static_cast<A>(gp.v[e]);
-    }
+      if (r < t.r1) {
+        if constexpr (kWeight)
+          add(g[r * t.col_packs], x[r * t.col_packs], mean[r], rstd[r]);
+        else
+          add(g[r * t.col_packs], P{}, A(0), A(0));
+      }
+    };
+    if (wsum != nullptr)
+      walk(std::true_type{});
+    else
+      walk(std::false_type{});
   }
   if (wsum != nullptr)
     reduce_pack::store_column_block<T, A, V>(aw, t.tx, t.ty, t.cp, a.cols, wsum, final, a.rows, false);

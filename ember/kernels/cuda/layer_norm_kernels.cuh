@@ -226,20 +226,29 @@ __global__ void __launch_bounds__(kWarpThreads) layer_norm_warp_pack_kernel(Laye
   const acc_t n = static_cast<acc_t>(a.cols), eps = static_cast<acc_t>(a.eps);
   const int64_t packs = a.cols / V;
   const P* x = reinterpret_cast<const P*>(static_cast<const T*>(a.x) + row * a.cols);
+  const P* res = a.residual ? reinterpret_cast<const P*>(static_cast<const T*>(a.residual) + row * a.cols) : nullptr;
+  // Every load (x, and the residual) is issued before the first use or store: loads under `if (pc < packs)` next to
+  // the store into sum waited for each other, one row costing kPacks latencies. A lane past the row reads the row's
+  // last pack again and ignores it; an empty row (cols 0) reads nothing.
+  P xp[kPacks], rp[kPacks];
+  if (packs > 0) {
+    EMBER_UNROLL
+    for (int c = 0; c < kPacks; ++c) {
+      const int64_t pc = lane + static_cast<int64_t>(c) * kWarpSize;
+      xp[c] = x[pc < packs ? pc : packs - 1];
+      if (res != nullptr) rp[c] = res[pc < packs ? pc : packs - 1];
+    }
+  }
   acc_t v[kPacks][V];
   acc_t s = 0;
   EMBER_UNROLL
   for (int c = 0; c < kPacks; ++c) {
     const int64_t pc = lane + static_cast<int64_t>(c) * kWarpSize;
-    P p;
-    if (pc < packs) {
-      p = x[pc];
-      if (a.residual != nullptr) {  // the rounded x + residual, stored into sum
-        const P r = reinterpret_cast<const P*>(static_cast<const T*>(a.residual) + row * a.cols)[pc];
-        EMBER_UNROLL
-        for (int e = 0; e < V; ++e) p.v[e] = T(static_cast<acc_t>(p.v[e]) + static_cast<acc_t>(r.v[e]));
-        reinterpret_cast<P*>(static_cast<T*>(a.sum) + row * a.cols)[pc] = p;
-      }
+    P p = pc < packs ? xp[c] : P{};
+    if (res != nullptr && pc < packs) {  // the rounded x + residual, stored into sum
+      EMBER_UNROLL
+      for (int e = 0; e < V; ++e) p.v[e] = T(static_cast<acc_t>(p.v[e]) + static_cast<acc_t>(rp[c].v[e]));
+      reinterpret_cast<P*>(static_cast<T*>(a.sum) + row * a.cols)[pc] = p;
     }
     EMBER_UNROLL
     for (int e = 0; e < V; ++e) {

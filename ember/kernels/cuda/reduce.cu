@@ -467,8 +467,8 @@ void cub_sum(const ReduceParams& p, const T* src, int64_t R, void* out, Device d
 // columns) or its trailing dims (row sums) reads 16-byte packs (reduce_pack_kernels.cuh), where reduce_kernel reads
 // one element per thread and access and computes its offset through the dims' calculator. Dims of size 1 count as
 // either kind. Taken when:
-//   columns  cols (the kept elements) a whole number of packs, the input 16-byte aligned, and enough blocks of 32
-//            packs x row groups for a wave on every SM. The rows split into `groups` of at least kPackGroupRows rows
+//   columns  cols (the kept elements) a whole number of packs, the input 16-byte aligned, and blocks of 32 packs x
+//            row groups enough for two on every SM (16 warps, each thread with 4 loads in flight). The rows split into `groups` of at least kPackGroupRows rows
 //            (at most kPackMaxGroups), from the sizes alone; each group's column sums go to scratch [groups, cols] in
 //            acc_t, added in group order by a second kernel (one group: stored directly).
 //   rows     the row length n a whole number of packs, at least one per lane, the input aligned, and rows enough
@@ -510,7 +510,7 @@ bool launch_packed_sum(ReduceOp op, const Tensor& in, const Tensor& out, const s
   if (n_out % V == 0 && reduced_dims_are(in, dims, /*leading=*/true)) {
     const int64_t cols = n_out, col_blocks = (cols / V + rp::kPackColumns - 1) / rp::kPackColumns;
     const int64_t groups = std::clamp<int64_t>(R / kPackGroupRows, 1, kPackMaxGroups);
-    if (col_blocks * groups < sm_count || col_blocks > std::numeric_limits<int32_t>::max()) return false;
+    if (col_blocks * groups < 2 * sm_count || col_blocks > std::numeric_limits<int32_t>::max()) return false;
     const int64_t rows_per_group = (R + groups - 1) / groups;
     const dim3 grid(static_cast<unsigned int>(col_blocks), static_cast<unsigned int>(groups));
     const unsigned int threads = rp::kPackColumns * rp::kRowThreads;

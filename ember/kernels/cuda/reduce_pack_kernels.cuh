@@ -96,8 +96,20 @@ __global__ void __launch_bounds__(kPackColumns* kRowThreads)
   for (int e = 0; e < V; ++e) acc[e] = A(0);
   if (t.cp < t.col_packs) {
     const P* src = reinterpret_cast<const P*>(in) + t.cp;
-    EMBER_UNROLL_N(4)
-    for (int64_t r = t.r0 + t.ty; r < t.r1; r += kRowThreads) {
+    // Rows in batches of kBatch loads issued together (an unrolled loop kept two in flight), added in row order.
+    constexpr int kBatch = 4;
+    int64_t r = t.r0 + t.ty;
+    for (; r + (kBatch - 1) * kRowThreads < t.r1; r += kBatch * kRowThreads) {
+      P p[kBatch];
+      EMBER_UNROLL
+      for (int u = 0; u < kBatch; ++u) p[u] = src[(r + u * kRowThreads) * t.col_packs];
+      EMBER_UNROLL
+      for (int u = 0; u < kBatch; ++u) {
+        EMBER_UNROLL
+        for (int e = 0; e < V; ++e) acc[e] += static_cast<A>(static_cast<op_math_t<T>>(p[u].v[e]));
+      }
+    }
+    for (; r < t.r1; r += kRowThreads) {
       const P p = src[r * t.col_packs];
       EMBER_UNROLL
       for (int e = 0; e < V; ++e) acc[e] += static_cast<A>(static_cast<op_math_t<T>>(p.v[e]));

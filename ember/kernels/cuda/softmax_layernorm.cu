@@ -111,16 +111,23 @@ __global__ void __launch_bounds__(kWarpThreads, kWarpMinBlocksPerSm) softmax_war
   for (int64_t row = first; row < a.rows; row += step) {  // uniform across the warp
     const P* x = reinterpret_cast<const P*>(static_cast<const T*>(a.in) + row * a.n);
     P* y = reinterpret_cast<P*>(static_cast<T*>(a.out) + row * a.n);
+    // Every load is issued before the first use: a load under `if (live)` left the dead path's registers to be
+    // copied from the previous pack, which made each load wait for the one before (one row, kPacks latencies). A
+    // lane past the row reads the row's last pack again (packs >= 1) and ignores it.
+    P pk[kPacks];
+    EMBER_UNROLL
+    for (int c = 0; c < kPacks; ++c) {
+      const int64_t pc = lane + static_cast<int64_t>(c) * kWarpSize;
+      pk[c] = x[pc < packs ? pc : packs - 1];
+    }
     acc_t v[kPacks][V];
     acc_t mx = neg_inf<acc_t>();
     EMBER_UNROLL
     for (int c = 0; c < kPacks; ++c) {
       const bool live = lane + static_cast<int64_t>(c) * kWarpSize < packs;
-      P p;
-      if (live) p = x[lane + c * kWarpSize];
       EMBER_UNROLL
       for (int e = 0; e < V; ++e) {
-        v[c][e] = live ? static_cast<acc_t>(p.v[e]) : acc_t(0);
+        v[c][e] = static_cast<acc_t>(pk[c].v[e]);
         if (live) mx = nan_max(mx, v[c][e]);
       }
     }
@@ -255,7 +262,8 @@ void launch_softmax(const char* op, const Tensor& in, const Tensor& out, int64_t
   } else if (a.n <= kWarpMaxCols) {
     const unsigned int blocks = capped_blocks(a.rows, kWarpThreads / kWarpSize, 16, device);
     const bool packed = dim == in.dim() - 1 && in.is_contiguous() && out.is_contiguous() &&
-                        a.n % Pack<T>::kSize == 0 && pack_aligned(a.in) && pack_aligned(a.out);
+                        a.n > 0 && a.n % Pack<T>::kSize == 0 && pack_aligned(a.in) &&
+                        pack_aligned(a.out);
     if (packed)
       softmax_warp_pack_kernel<T><<<blocks, kWarpThreads, 0, stream>>>(a);
     else
