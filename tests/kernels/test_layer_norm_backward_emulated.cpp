@@ -70,8 +70,10 @@ void check_backward(int64_t rows, int64_t cols, bool weight, bool add, int64_t g
   void* wsum = wgrad ? (final ? static_cast<void*>(gw.data) : static_cast<void*>(pw.data())) : nullptr;
   void* bsum = bgrad ? (final ? static_cast<void*>(gb.data) : static_cast<void*>(pb.data())) : nullptr;
   const simt::Dim3 grid{static_cast<unsigned>((cols / V + 31) / 32), static_cast<unsigned>(groups), 1};
+  lb::Args affine = a;  // grad_bias alone reads g only: x and the statistics are null, as the launcher passes them
+  if (!wgrad) affine.x = affine.mean = affine.rstd = nullptr;
   simt::launch(grid, rp::kPackColumns * rp::kRowThreads,
-               [&] { lb::affine_partial_pack_kernel<T>(a, rows_per_group, wsum, bsum, final); });
+               [&] { lb::affine_partial_pack_kernel<T>(affine, rows_per_group, wsum, bsum, final); });
   if (!final) {
     if (wgrad)
       simt::launch(simt::Dim3{1, 1, 1}, 64,

@@ -445,9 +445,15 @@ void attention_cuda(const Tensor& qkv, int64_t n_head, bool causal, const Tensor
   DeviceGuard guard(device);
   const cudaStream_t stream = ::ember::cuda::current_stream(device).get();
   const ::ember::cuda::FlashShape fs{g.B, g.T, g.C, g.H};
-  if (::ember::cuda::flash_attention_applies(g.dtype, fs, qkv.raw_data(), out.raw_data(), device)) {
-    ::ember::cuda::flash_attention_forward(g.dtype, fs, causal, qkv.raw_data(), out.raw_data(),
+  // Note [One attention path a call]: the path depends on qkv alone (strategy, dtype, head size, alignment), never
+  // on where out or grad_qkv happen to lie, so a backward always takes its forward's path and reads an lse of the
+  // same scores. A result the flash kernels cannot store to (not 4-byte aligned: a view) is staged and copied.
+  if (::ember::cuda::flash_attention_applies(g.dtype, fs, qkv.raw_data(), device)) {
+    const bool direct = reinterpret_cast<uintptr_t>(out.raw_data()) % 4 == 0;
+    const Tensor dst = direct ? out : empty(out.sizes(), TensorOptions(out.dtype(), out.device()));
+    ::ember::cuda::flash_attention_forward(g.dtype, fs, causal, qkv.raw_data(), dst.raw_data(),
                                            static_cast<float*>(lse.raw_data()), device, stream);
+    if (!direct) Tensor(out).copy_(dst);  // a handle on out's storage
     return;
   }
   forward(g, causal, qkv.raw_data(), out.raw_data(), lse.raw_data(), device, stream);
@@ -464,17 +470,21 @@ void attention_backward_cuda(const Tensor& grad_out, const Tensor& qkv, const Te
   DeviceGuard guard(device);
   const cudaStream_t stream = ::ember::cuda::current_stream(device).get();
   const ::ember::cuda::FlashShape fs{g.B, g.T, g.C, g.H};
-  if (::ember::cuda::flash_attention_applies(g.dtype, fs, qkv.raw_data(), grad_qkv.raw_data(), device)) {
-    // The backward takes the forward's path whenever the forward could: a grad_out that is not 16-byte aligned (a
-    // view) is copied rather than sent to the tiled path, whose weights would come from lse of other scores.
+  if (::ember::cuda::flash_attention_applies(g.dtype, fs, qkv.raw_data(), device)) {
+    // The backward takes the forward's path (Note [One attention path a call]): a grad_out that is not 16-byte
+    // aligned (a view) is copied, a grad_qkv that is not 4-byte aligned staged, rather than sent to the tiled path,
+    // whose weights would come from lse of other scores.
     const Tensor go = ::ember::cuda::pack_aligned(grad_out.raw_data()) ? grad_out : grad_out.clone();
+    const bool direct = reinterpret_cast<uintptr_t>(grad_qkv.raw_data()) % 4 == 0;
+    const Tensor dst =
+        direct ? grad_qkv : empty(grad_qkv.sizes(), TensorOptions(grad_qkv.dtype(), grad_qkv.device()));
     // The forward's output spares the flash backward a pass (its 32-bit fragment loads need 4-byte alignment).
     if (out.defined()) check_like_qkv(op, "out", out, qkv, Shape({g.B, g.T, g.C}));
     const bool use_out = out.defined() && reinterpret_cast<uintptr_t>(out.raw_data()) % 4 == 0;
     ::ember::cuda::flash_attention_backward(g.dtype, fs, causal, go.raw_data(), qkv.raw_data(),
                                             use_out ? out.raw_data() : nullptr,
-                                            static_cast<const float*>(lse.raw_data()), grad_qkv.raw_data(), device,
-                                            stream);
+                                            static_cast<const float*>(lse.raw_data()), dst.raw_data(), device, stream);
+    if (!direct) Tensor(grad_qkv).copy_(dst);
     return;
   }
   backward(g, causal, grad_out.raw_data(), qkv.raw_data(), lse.raw_data(), grad_qkv.raw_data(), device, stream);

@@ -55,10 +55,9 @@ bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0;
 
 }  // namespace
 
-bool flash_attention_applies(DType dtype, const FlashShape& s, const void* qkv, const void* result, int device) {
+bool flash_attention_applies(DType dtype, const FlashShape& s, const void* qkv, int device) {
   return attention_strategy() == AttentionStrategy::Flash && s.H > 0 && s.C % s.H == 0 &&
-         flash_attention_supported(dtype, s.C / s.H) && aligned16(qkv) &&
-         reinterpret_cast<uintptr_t>(result) % 4 == 0 && device_properties(device).major >= 8;
+         flash_attention_supported(dtype, s.C / s.H) && aligned16(qkv) && device_properties(device).major >= 8;
 }
 
 void flash_attention_forward(DType dtype, const FlashShape& s, bool causal, const void* qkv, void* out, float* lse,

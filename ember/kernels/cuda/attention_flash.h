@@ -15,10 +15,11 @@ namespace ember::cuda {
 // Adds one to flash_attention_calls() (attention.h).
 void count_flash_attention_call();
 
-// Whether the flash kernels run this call: dtype and head size covered, qkv 16-byte aligned, `result` (out for the
-// forward, grad_qkv for the backward) 4-byte aligned, sm_80 or later. The backward's grad_out must also be 16-byte
-// aligned (the caller copies it when it is not) and `out`, when passed, 4-byte aligned.
-bool flash_attention_applies(DType dtype, const FlashShape& s, const void* qkv, const void* result, int device);
+// Whether the flash kernels run this call: the Flash strategy, dtype and head size covered, qkv 16-byte aligned, sm_80
+// or later; qkv alone decides (Note [One attention path a call] in attention.cu). The kernels also need the result
+// (out, grad_qkv) 4-byte aligned, the backward's grad_out 16-byte aligned and `out`, when passed, 4-byte aligned: the
+// caller stages or copies what is not.
+bool flash_attention_applies(DType dtype, const FlashShape& s, const void* qkv, int device);
 
 // out [B, T, C] and lse [B, H, T] of qkv (f32 lse, natural log of the scaled scores' exponential sums).
 void flash_attention_forward(DType dtype, const FlashShape& s, bool causal, const void* qkv, void* out, float* lse,
