@@ -5,6 +5,7 @@
 // max |expected|. cuda instances skip without a GPU.
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <vector>
 
@@ -126,7 +127,24 @@ TEST_P(AttentionCudaTest, FlashMatchesFloat64Reference) {
           check_attention(device(), dt, {2, T, C, H}, causal);
           EXPECT_EQ(::ember::cuda::flash_attention_calls(), calls + 3) << "forward and backwards on the flash path";
         }
-  for (bool causal : {true, false}) check_attention(device(), DType::bf16, {1, 1024, 128, 2}, causal);
+  for (DType dt : {DType::f16, DType::bf16})
+    for (bool causal : {true, false}) check_attention(device(), dt, {1, 1024, 128, 2}, causal);
+}
+
+// The flash backward has no atomics (Note [Flash attention]): two runs on the same inputs give the same bits, at a
+// GPT-2 head shape with several waves of blocks.
+TEST_P(AttentionCudaTest, FlashBackwardIsDeterministic) {
+  if (!device().is_cuda()) GTEST_SKIP() << "the CUDA flash kernels";
+  const AttentionStrategyScope flash(AttentionStrategy::Flash);
+  const int64_t B = 2, T = 1024, C = 768, H = 12;
+  const Tensor qkv = rand_input({B, T, 3 * C}).to(device(), DType::bf16);
+  const Tensor go = rand_input({B, T, C}).to(device(), DType::bf16);
+  const AttentionResult r = ops::attention_qkv(qkv, H, true);
+  const Tensor first = ops::attention_qkv_backward(go, qkv, r.lse, H, true, r.out);
+  const Tensor second = ops::attention_qkv_backward(go, qkv, r.lse, H, true, r.out);
+  const Tensor a = first.to(Device::cpu()), b = second.to(Device::cpu());
+  ASSERT_EQ(a.numel(), b.numel());
+  EXPECT_EQ(std::memcmp(a.raw_data(), b.raw_data(), static_cast<size_t>(a.numel()) * 2), 0);
 }
 
 // A grad_out that is not 16-byte aligned (a view one element into its buffer) is copied and runs the flash backward,
