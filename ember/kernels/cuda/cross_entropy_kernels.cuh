@@ -101,6 +101,15 @@ __global__ void cross_entropy_kernel(const T* __restrict__ logits, const int64_t
   using P = ::ember::cuda::Pack<T>;
   const int64_t r = blockIdx.x;
   const T* row = logits + r * cols;
+  // The target and its logit, read by the thread that finishes the row before the row pass, so their two dependent
+  // loads overlap it instead of following the block's combine (targets are checked on the host: ignore_index or a
+  // class, so row[t] is inside the row).
+  int64_t t = 0;
+  A x_t = A(0);
+  if (threadIdx.x == 0) {
+    t = target[r];
+    if (t != ignore_index) x_t = static_cast<A>(row[t]);
+  }
   RowAcc<A> a{-INFINITY, A(0), A(0), false};
   if (packed) {
     const P* prow = reinterpret_cast<const P*>(row);
@@ -117,12 +126,11 @@ __global__ void cross_entropy_kernel(const T* __restrict__ logits, const int64_t
   // Note [Non-finite rows]: cols >= 1 here, so m == -inf means every logit of the row is -inf.
   const A l = (a.nan || a.m == A(-INFINITY)) ? A(NAN) : a.m + log(a.s);
   lse[r] = l;
-  const int64_t t = target[r];
   if (t == ignore_index) {
     loss[r] = A(0);
     return;
   }
-  const A nll = l - static_cast<A>(row[t]);
+  const A nll = l - x_t;
   if (smoothing > 0.0) {
     const A c = static_cast<A>(cols);
     loss[r] = static_cast<A>(1.0 - smoothing) * nll + static_cast<A>(smoothing) / c * (c * l - a.sum_x);
