@@ -10,6 +10,7 @@
 // The emulator's definitions of the CUDA names come first.
 #include "ember/kernels/cuda/bias_gelu_kernels.cuh"
 #include "tests/harness/op_harness.h"
+#include "tests/kernels/emulated_buffers.h"
 
 namespace ember::testing {
 namespace {
@@ -29,28 +30,16 @@ void check_packed_backward(int64_t rows, int64_t cols, int64_t groups, bool tanh
   using A = op_math_t<T>;
   constexpr int V = ::ember::cuda::Pack<T>::kSize;
   ASSERT_EQ(cols % V, 0);
-  uint32_t state = seed;
-  auto next = [&] {
-    state = state * 1664525u + 1013904223u;
-    return 4.0 * (static_cast<double>(state >> 8) / static_cast<double>(1u << 24)) - 2.0;
-  };
-  // 16-byte aligned buffers (the launcher's condition).
-  struct alignas(16) Chunk {
-    unsigned char b[16];
-  };
-  auto buffer = [](int64_t n) { return std::vector<Chunk>(static_cast<size_t>((n * sizeof(T) + 15) / 16)); };
-  std::vector<Chunk> g_buf = buffer(rows * cols), x_buf = buffer(rows * cols), b_buf = buffer(cols),
-                     gx_buf = buffer(rows * cols);
-  T* g = reinterpret_cast<T*>(g_buf.data());
-  T* x = reinterpret_cast<T*>(x_buf.data());
-  T* bias = reinterpret_cast<T*>(b_buf.data());
-  T* gx = reinterpret_cast<T*>(gx_buf.data());
-  for (int64_t i = 0; i < rows * cols; ++i) {
-    g[i] = from_double<T>(next());
-    x[i] = from_double<T>(next());
-    gx[i] = from_double<T>(std::numeric_limits<double>::quiet_NaN());
-  }
-  for (int64_t j = 0; j < cols; ++j) bias[j] = from_double<T>(next());
+  // 16-byte aligned operands (the launcher's condition), drawn from [-2, 2); grad_x NaN-poisoned.
+  const int64_t n = rows * cols;
+  AlignedBuffer<T> g_buf(n), x_buf(n), b_buf(cols), gx_buf(n, from_double<T>(std::numeric_limits<double>::quiet_NaN()));
+  fill_uniform(g_buf, n, seed, -2.0, 2.0);
+  fill_uniform(x_buf, n, seed + 101u, -2.0, 2.0);
+  fill_uniform(b_buf, cols, seed + 202u, -2.0, 2.0);
+  T* g = g_buf.data;
+  T* x = x_buf.data;
+  T* bias = b_buf.data;
+  T* gx = gx_buf.data;
   std::vector<A> partial(static_cast<size_t>(groups * cols), std::numeric_limits<A>::quiet_NaN());
   std::vector<T> sums(static_cast<size_t>(cols), from_double<T>(std::numeric_limits<double>::quiet_NaN()));
   const int64_t rows_per_group = (rows + groups - 1) / groups;
