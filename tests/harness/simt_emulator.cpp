@@ -42,8 +42,18 @@ struct Mbarrier {
   uint64_t phase = 0;
 };
 
+// A cp.async issued and not yet waited for: its 16 bytes land at the wait that covers its group.
+struct AsyncCopy {
+  void* dst;
+  const void* src;
+  int src_bytes;
+  int64_t group;  // -1 until a commit closes it into a group
+};
+
 struct Fiber {
   ucontext_t context{};
+  std::vector<AsyncCopy> copies;  // issue order
+  int64_t groups = 0;             // groups committed so far
   std::unique_ptr<char[]> stack;
   ThreadIndex index;
   unsigned cta = 0;  // rank of its block in the cluster
@@ -217,6 +227,39 @@ void warpgroup_collective(const void* in, size_t in_bytes, void* out, size_t out
 
 void yield_now() { yield(); }
 
+void cp_async(void* dst, const void* src, int src_bytes) {
+  if (reinterpret_cast<uintptr_t>(dst) % 16 != 0 || (src_bytes > 0 && reinterpret_cast<uintptr_t>(src) % 16 != 0))
+    throw SimtError("cp.async: an address is not 16-byte aligned");
+  if (src_bytes < 0 || src_bytes > 16) throw SimtError("cp.async: src_bytes " + std::to_string(src_bytes));
+  Scheduler& s = scheduler();
+  std::memset(dst, 0xff, 16);
+  s.fibers[s.running].copies.push_back({dst, src, src_bytes, -1});
+}
+
+void cp_async_commit_group() {
+  Scheduler& s = scheduler();
+  Fiber& f = s.fibers[s.running];
+  for (AsyncCopy& c : f.copies)
+    if (c.group < 0) c.group = f.groups;
+  ++f.groups;  // an empty group counts too, as on the hardware
+}
+
+void cp_async_wait_group(int pending) {
+  Scheduler& s = scheduler();
+  Fiber& f = s.fibers[s.running];
+  const int64_t done_below = f.groups - pending;  // groups [0, done_below) must have landed
+  size_t kept = 0;
+  for (AsyncCopy& c : f.copies) {
+    if (c.group >= 0 && c.group < done_below) {
+      std::memset(c.dst, 0, 16);
+      if (c.src_bytes > 0) std::memcpy(c.dst, c.src, static_cast<size_t>(c.src_bytes));
+    } else {
+      f.copies[kept++] = c;
+    }
+  }
+  f.copies.resize(kept);
+}
+
 namespace {
 
 Mbarrier& mbarrier_at(void* bar) {
@@ -338,6 +381,8 @@ void launch(Dim3 grid, unsigned block, const std::function<void()>& kernel, size
       Fiber& f = s.fibers[i];
       f.done = false;
       f.fake_stack = nullptr;
+      f.copies.clear();  // copies a thread never waited for are dropped with its block
+      f.groups = 0;
       f.cta = i / block;
       f.index.thread_idx = {i % block, 0, 0};
       f.index.block_idx = {static_cast<unsigned>(b % grid.x), static_cast<unsigned>(b / grid.x % grid.y),

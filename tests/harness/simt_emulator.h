@@ -5,8 +5,9 @@
 // `__shared__` variables (defined here as function-local statics) belong to the running block. Include this header,
 // then the kernel header (it defines the CUDA keywords the kernels use), and launch with simt::launch. Invariant: 1-D
 // blocks of whole warps; a barrier that not every live thread of the block (or warp) reaches is reported as a deadlock
-// (SimtError), never hangs. What it does not model: memory ordering between threads beyond the barriers, bank
-// conflicts, timing, and any instruction not defined here.
+// (SimtError), never hangs. cp.async copies land at their wait (simt::cp_async). What it does not model: memory
+// ordering between threads beyond the barriers and waits, bank conflicts, timing, and any instruction not defined
+// here.
 #pragma once
 
 // Device code guarded for nvcc (block_reduce.cuh) also compiles for the emulator.
@@ -169,6 +170,18 @@ void warpgroup_collective(const void* in, size_t in_bytes, void* out, size_t out
 // Lets the other threads of the block run (a spin-wait's body).
 void yield_now();
 
+// ---- cp.async (sm_80) ----
+// A copy of 16 bytes to shared memory (those past src_bytes zero; both addresses 16-byte aligned), modelled as late
+// as the hardware may complete it: the issue fills dst with poison (every bit set: NaN in f32, f16 and bf16), and the
+// bytes land only when the issuing thread's cp_async_wait_group covers the copy's group. A read before that wait, or
+// by another thread before a barrier that follows it, sees the poison; so does a reader of the old contents that an
+// issue overwrote without a barrier in between.
+void cp_async(void* dst, const void* src, int src_bytes);
+// cp.async.commit_group: the thread's copies issued since the last commit form a group (possibly empty).
+void cp_async_commit_group();
+// cp.async.wait_group: the thread's committed groups but the newest `pending` have landed on return.
+void cp_async_wait_group(int pending);
+
 // ---- mbarriers and TMA (sm_90) ----
 // An mbarrier lives at a shared-memory address (its 8 bytes are not used); its state is kept per block. A phase
 // completes when `count` arrivals and every expected transaction byte have come; completions count as progress.
@@ -248,17 +261,15 @@ inline void ldmatrix_x4(uint32_t (&r)[4], const void* smem) { ::ember::testing::
 inline void ldmatrix_x4_trans(uint32_t (&r)[4], const void* smem) {
   ::ember::testing::simt::ldmatrix_x4(r, smem, true);
 }
-// cp.async as a synchronous copy (16 bytes, those past src_bytes zero; both addresses 16-byte aligned): the
-// commit/wait protocol then holds trivially, so a kernel's pipeline runs, but a missing wait goes unnoticed.
+// cp.async with its commit/wait protocol (simt::cp_async: a missing wait or barrier reads poison).
 inline void cp_async_16(void* dst, const void* src, int src_bytes) {
-  if (reinterpret_cast<uintptr_t>(dst) % 16 != 0 || (src_bytes > 0 && reinterpret_cast<uintptr_t>(src) % 16 != 0))
-    throw ::ember::testing::simt::SimtError("cp.async: an address is not 16-byte aligned");
-  std::memset(dst, 0, 16);
-  if (src_bytes > 0) std::memcpy(dst, src, static_cast<size_t>(src_bytes));
+  ::ember::testing::simt::cp_async(dst, src, src_bytes);
 }
-inline void cp_async_commit() {}
+inline void cp_async_commit() { ::ember::testing::simt::cp_async_commit_group(); }
 template <int N>
-void cp_async_wait() {}
+void cp_async_wait() {
+  ::ember::testing::simt::cp_async_wait_group(N);
+}
 }  // namespace ember::cuda
 
 // ---- the Hopper GEMM's primitives (ember/kernels/cuda/wgmma.cuh) ----

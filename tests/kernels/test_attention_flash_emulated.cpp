@@ -3,7 +3,7 @@
 // head sizes 32 and 64, T on both sides of the 64-row tiles, causal and not, with every output poisoned (NaN) before
 // the launches, so an element no block writes fails the comparison. These run in every build, GPU or not; the same
 // kernels on a GPU are checked by AttentionCudaTest.FlashMatchesFloat64Reference. Also: the emulator's own
-// primitives (mma against a matrix product, deadlock reporting).
+// primitives (mma against a matrix product, deadlock reporting, when cp.async lands).
 #include <algorithm>
 #include <cstring>
 #include <limits>
@@ -91,6 +91,42 @@ TEST(SimtEmulatorTest, DivergentBarrierIsReportedNotHung) {
                             }),
                simt::SimtError);
   EXPECT_THROW(simt::launch(1, 48, [] {}), simt::SimtError);
+}
+
+// cp.async lands at the wait that covers its group, and not before: a read after the wait sees the bytes, a read
+// before it (or of a group still pending) sees the poison, and a barrier carries the landed bytes to the other
+// threads. The flash kernels' double-buffered key tiles rest on this model.
+TEST(SimtEmulatorTest, CpAsyncLandsAtItsWait) {
+  skip_under_tsan();
+  alignas(16) static uint32_t src[2][32][4];
+  for (int g = 0; g < 2; ++g)
+    for (int t = 0; t < 32; ++t)
+      for (int e = 0; e < 4; ++e) src[g][t][e] = static_cast<uint32_t>(1000 * g + 10 * t + e);
+  std::vector<uint32_t> before(32), pending(32), landed(32), neighbour(32), zero_filled(32);
+  simt::launch(1, 32, [&] {
+    alignas(16) __shared__ uint32_t dst[2][32][4];
+    const int t = static_cast<int>(simt::current().thread_idx.x);
+    ::ember::cuda::cp_async_16(dst[0][t], src[0][t], 16);
+    ::ember::cuda::cp_async_commit();
+    ::ember::cuda::cp_async_16(dst[1][t], src[1][t], t % 2 == 0 ? 16 : 0);  // odd threads: zero-fill
+    ::ember::cuda::cp_async_commit();
+    before[t] = dst[0][t][1];
+    ::ember::cuda::cp_async_wait<1>();  // the first group has landed, the second may not have
+    landed[t] = dst[0][t][1];
+    pending[t] = dst[1][t][1];
+    ::ember::cuda::cp_async_wait<0>();
+    __syncthreads();
+    neighbour[t] = dst[0][(t + 1) % 32][2];
+    zero_filled[t] = dst[1][t][3];
+  });
+  for (int t = 0; t < 32; ++t) {
+    SCOPED_TRACE(t);
+    EXPECT_EQ(before[t], 0xffffffffu);
+    EXPECT_EQ(pending[t], 0xffffffffu);
+    EXPECT_EQ(landed[t], static_cast<uint32_t>(10 * t + 1));
+    EXPECT_EQ(neighbour[t], static_cast<uint32_t>(10 * ((t + 1) % 32) + 2));
+    EXPECT_EQ(zero_filled[t], t % 2 == 0 ? static_cast<uint32_t>(1000 + 10 * t + 3) : 0u);
+  }
 }
 
 // ---- the flash kernels --------------------------------------------------------------------------------------------
