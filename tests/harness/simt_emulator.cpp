@@ -30,6 +30,8 @@ namespace {
 
 constexpr size_t kStackBytes = size_t{256} << 10;  // the kernels keep their register arrays on this stack
 constexpr size_t kSharedAlign = 4096;
+constexpr unsigned kSkewPeriods = 4;  // warps run every 1st, 2nd, 3rd or 4th round (launch's skewed rounds)
+constexpr uint64_t kSkewCycle = 12;   // rounds in which every period comes round: lcm(1, 2, 3, 4)
 
 struct Barrier {
   unsigned arrived = 0;
@@ -397,10 +399,19 @@ void launch(Dim3 grid, unsigned block, const std::function<void()>& kernel, size
       makecontext(&f.context, fiber_entry, 0);
     }
     s.live = threads;
-    while (s.live > 0) {
-      const uint64_t before = s.progress;
+    // Skewed rounds: warp w of a block runs in every period(w)-th round only, so between two block barriers the warps
+    // drift apart by many steps, as they do on a GPU, and a read that a missing barrier leaves unordered against
+    // another warp's write (or cp.async issue) sees the wrong bytes. Even blocks slow their later warps, odd blocks
+    // their earlier ones, so either side of a race gets to be the late one.
+    std::vector<unsigned> period(threads);
+    for (unsigned i = 0; i < threads; ++i) {
+      const unsigned w = (i % block) / 32 % kSkewPeriods, b = static_cast<unsigned>((b0 + i / block) % 2);
+      period[i] = 1 + (b == 0 ? w : kSkewPeriods - 1 - w);
+    }
+    uint64_t before = s.progress;
+    for (uint64_t round = 0; s.live > 0; ++round) {
       for (size_t i = 0; i < s.fibers.size(); ++i) {
-        if (s.fibers[i].done) continue;
+        if (s.fibers[i].done || round % period[i] != 0) continue;
         s.running = i;
         void* main_fake = nullptr;
 #if defined(EMBER_SIMT_ASAN)
@@ -413,11 +424,14 @@ void launch(Dim3 grid, unsigned block, const std::function<void()>& kernel, size
         (void)main_fake;
         if (s.error) std::rethrow_exception(s.error);
       }
-      // A whole round in which no barrier opened and no thread finished: everyone left waits for a thread that will
-      // never arrive.
-      if (s.live > 0 && s.progress == before)
-        throw SimtError("simt: deadlock in block " + std::to_string(b0) + ": " + std::to_string(s.live) +
-                        " threads wait at a barrier that the others do not reach");
+      // A whole cycle of rounds (every thread ran at least once) in which no barrier opened and no thread finished:
+      // everyone left waits for a thread that will never arrive.
+      if (round % kSkewCycle == kSkewCycle - 1) {
+        if (s.live > 0 && s.progress == before)
+          throw SimtError("simt: deadlock in block " + std::to_string(b0) + ": " + std::to_string(s.live) +
+                          " threads wait at a barrier that the others do not reach");
+        before = s.progress;
+      }
     }
   }
 }

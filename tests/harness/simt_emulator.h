@@ -1,5 +1,7 @@
 // A CPU emulator of the CUDA execution model, enough to run ember's warp-synchronous kernels on a machine without a
-// GPU: every thread of a block is a fiber (ucontext) on the calling thread, scheduled round-robin; __syncthreads,
+// GPU: every thread of a block is a fiber (ucontext) on the calling thread, scheduled round-robin with the warps of a
+// block skewed (some run in every round, others in every second to fourth, so they drift apart between barriers as
+// on a GPU and an unordered shared-memory access tends to read the wrong bytes); __syncthreads,
 // the warp shuffles (xor, down), ldmatrix and mma.sync m16n8k16 are rendezvous points where a fiber yields until its
 // block (or warp) has arrived. Blocks of a launch run one after the other (a cluster's blocks together), so
 // `__shared__` variables (defined here as function-local statics) belong to the running block. Include this header,

@@ -63,13 +63,15 @@ using ::ember::kernels::ember_log;
 // in FlashAttention; out, dq, dk and dv are rounded once when stored.
 //
 // Shared memory: two tiles [64][HD + 8] of 16-bit elements (the 8 pad elements put the 32-bit fragment reads of a
-// warp on distinct banks), plus 64 lse and 64 delta floats in the key-tile kernel: at most 18.9 KiB.
+// warp on distinct banks), plus 64 lse and 64 delta floats in the key-tile kernel, each twice (Note [Flash tile
+// pipeline]): at most 37 KiB, static.
 constexpr int kTile = 64;
 constexpr int kWarps = kTile / 16;
 constexpr int kThreads = kWarps * 32;
 constexpr int kPad = 8;
 constexpr int kNt = kTile / 8;   // n-tiles of 8 across a tile (scores)
 constexpr int kKt = kTile / 16;  // k steps of 16 across a tile (p @ v and the like)
+static_assert(kThreads >= kTile, "a thread per row of a tile carries its lse and delta");
 
 struct FlashParams {
   const uint16_t* qkv;       // [B, T, 3 C]
@@ -150,31 +152,65 @@ __device__ __forceinline__ void load_a(uint32_t (&a)[HD / 16][4], const uint16_t
   }
 }
 
-// Rows r0 .. r0 + kTile - 1 of a row-major [rows, ld] matrix's HD columns at m into s, 16 bytes a copy; rows at or
-// past `rows` are zero. m and ld keep every row's columns 16-byte aligned (flash_attention_applies).
+// Note [Flash tile pipeline]
+// The tiles a block streams (k and v in the forward and dq kernels; q, grad_out, lse and delta in the dkdv kernel)
+// are double-buffered: while the warps compute on buffer i % 2, cp.async fills buffer (i + 1) % 2 with tile i + 1, so
+// a tile's loads overlap the previous tile's products instead of standing between two barriers. One barrier a tile
+// does both jobs: it follows this thread's cp_async_wait<0> (tile i has landed for the copies it issued) and so makes
+// tile i visible to the block, and it follows every warp's reads of tile i - 1, so the copies of tile i + 1 issued
+// right after it may overwrite that buffer. Values that need arithmetic on the way (the dkdv kernel's lse log2 e) are
+// loaded into registers at the issue and stored to the buffer at the next tile's start (`land`), before its barrier:
+// their latency hides behind a tile's products too. A walk starts with a barrier, so it may follow another walk over
+// the same buffers (the dq kernel's two passes), and ends with no copy in flight (its last group is empty).
+// Shared memory doubles: at head size 64 the forward holds 36 KiB, three blocks a SM 108 KiB.
+
+// Rows r0 .. r0 + kTile - 1 of a row-major [rows, ld] matrix's HD columns at m into s by cp.async, 16 bytes a copy;
+// rows at or past `rows` are zero-filled and not read. m and ld keep every row's columns 16-byte aligned
+// (flash_attention_applies). The bytes land at the issuing thread's cp_async_wait (Note [Flash tile pipeline]).
 template <int HD>
-__device__ __forceinline__ void load_tile(uint16_t (*s)[HD + kPad], const uint16_t* m, int64_t ld, int64_t r0,
-                                          int64_t rows, int tid) {
+__device__ __forceinline__ void copy_tile_async(uint16_t (*s)[HD + kPad], const uint16_t* m, int64_t ld, int64_t r0,
+                                                int64_t rows, int tid) {
   constexpr int kChunks = HD / 8;
+  static_assert(kTile * kChunks % kThreads == 0, "every thread copies the same number of chunks");
   EMBER_UNROLL
-  for (int i = tid; i < kTile * kChunks; i += kThreads) {
-    const int r = i / kChunks, c = (i % kChunks) * 8;
-    uint4 v = make_uint4(0u, 0u, 0u, 0u);
-    if (r0 + r < rows) v = load_word<uint4>(m + (r0 + r) * ld + c);
-    store_word(&s[r][c], v);
+  for (int j = 0; j < kTile * kChunks / kThreads; ++j) {
+    const int i = tid + j * kThreads, r = i / kChunks, c = (i % kChunks) * 8;
+    const bool inside = r0 + r < rows;
+    cp_async_16(&s[r][c], inside ? m + (r0 + r) * ld + c : m, inside ? 16 : 0);
   }
 }
 
-// The key tile k0 of k and v (q points at the head's q columns of row 0; k and v are C and 2 C further) into ks and
-// vs, between barriers: every warp is done with the previous tile before it is overwritten, and the whole tile has
-// landed before any warp reads it.
-template <int HD>
-__device__ __forceinline__ void load_kv(uint16_t (*ks)[HD + kPad], uint16_t (*vs)[HD + kPad], const uint16_t* q,
-                                        const FlashParams& p, int64_t k0, int tid) {
-  __syncthreads();
-  load_tile<HD>(ks, q + p.C, 3 * p.C, k0, p.T, tid);
-  load_tile<HD>(vs, q + 2 * p.C, 3 * p.C, k0, p.T, tid);
-  __syncthreads();
+// Walks the tiles x0 = first, first + kTile, .. < end (Note [Flash tile pipeline]): issue(x0, buf) starts the copies
+// of tile x0 into buffer buf, land(buf) runs at the start of the tile's turn, before the barrier, and body(x0, buf)
+// computes on the landed tile.
+template <class Issue, class Land, class Body>
+__device__ __forceinline__ void stream_tiles(int64_t first, int64_t end, Issue issue, Land land, Body body) {
+  __syncthreads();  // an earlier walk's reads of the buffers are done
+  if (first < end) issue(first, 0);
+  cp_async_commit();
+  int buf = 0;
+  for (int64_t x0 = first; x0 < end; x0 += kTile, buf ^= 1) {
+    land(buf);
+    cp_async_wait<0>();
+    __syncthreads();
+    if (x0 + kTile < end) issue(x0 + kTile, buf ^ 1);
+    cp_async_commit();
+    body(x0, buf);
+  }
+}
+
+// The key tiles [0, k_end) of k and v (q points at the head's q columns of row 0; k and v are C and 2 C further)
+// through ks and vs, two buffers each: body(k0, ks[buf], vs[buf]).
+template <int HD, class Body>
+__device__ __forceinline__ void stream_kv(uint16_t (*ks)[kTile][HD + kPad], uint16_t (*vs)[kTile][HD + kPad],
+                                          const uint16_t* q, const FlashParams& p, int64_t k_end, int tid, Body body) {
+  stream_tiles(
+      0, k_end,
+      [&](int64_t k0, int buf) {
+        copy_tile_async<HD>(ks[buf], q + p.C, 3 * p.C, k0, p.T, tid);
+        copy_tile_async<HD>(vs[buf], q + 2 * p.C, 3 * p.C, k0, p.T, tid);
+      },
+      [](int) {}, [&](int64_t k0, int buf) { body(k0, ks[buf], vs[buf]); });
 }
 
 // B fragments from shared memory by ldmatrix.x4 (Note [Tensor-core GEMM] in tc_gemm_kernel.cuh): lane l gives the
@@ -347,8 +383,8 @@ __device__ __forceinline__ void base2_scores(float (&s)[kNt][4], float (&mx)[2],
 template <class T, int HD>
 __global__ void __launch_bounds__(kThreads, HD == 32 ? 4 : 3) flash_forward_kernel(FlashParams p) {
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
-  __shared__ __align__(16) uint16_t ks[kTile][HD + kPad];
-  __shared__ __align__(16) uint16_t vs[kTile][HD + kPad];
+  __shared__ __align__(16) uint16_t ks[2][kTile][HD + kPad];
+  __shared__ __align__(16) uint16_t vs[2][kTile][HD + kPad];
   const int tid = static_cast<int>(threadIdx.x), lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
   const BlockWork w = block_work(p, /*reversed=*/true);
   const int64_t R = 3 * p.C;
@@ -362,11 +398,10 @@ __global__ void __launch_bounds__(kThreads, HD == 32 ? 4 : 3) flash_forward_kern
   float o[HD / 8][4];
   zero(o);
   float m[2] = {-inf, -inf}, l[2] = {0.0f, 0.0f};
-  const int64_t k_end = key_end(p, q0);
-  for (int64_t k0 = 0; k0 < k_end; k0 += kTile) {
-    load_kv<HD>(ks, vs, q, p, k0, tid);
+  stream_kv<HD>(ks, vs, q, p, key_end(p, q0), tid, [&](int64_t k0, const uint16_t(*kt)[HD + kPad],
+                                                        const uint16_t(*vt)[HD + kPad]) {
     float s[kNt][4];
-    product_rows<T, HD>(s, qa, ks, lane);
+    product_rows<T, HD>(s, qa, kt, lane);
     float mx[2] = {-inf, -inf};
     if (tile_has_masked(p, q0, k0))
       base2_scores<true>(s, mx, p, rows, k0, t);
@@ -394,8 +429,8 @@ __global__ void __launch_bounds__(kThreads, HD == 32 ? 4 : 3) flash_forward_kern
         l[e >> 1] += s[nt][e];
       }
     }
-    accumulate_columns<T, HD>(o, s, vs, lane);
-  }
+    accumulate_columns<T, HD>(o, s, vt, lane);
+  });
   float inv[2];
   EMBER_UNROLL
   for (int r = 0; r < 2; ++r) {
@@ -413,8 +448,8 @@ __global__ void __launch_bounds__(kThreads, HD == 32 ? 4 : 3) flash_forward_kern
 template <class T, int HD>
 __global__ void __launch_bounds__(kThreads) flash_backward_dq_kernel(FlashParams p) {
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
-  __shared__ __align__(16) uint16_t ks[kTile][HD + kPad];
-  __shared__ __align__(16) uint16_t vs[kTile][HD + kPad];
+  __shared__ __align__(16) uint16_t ks[2][kTile][HD + kPad];
+  __shared__ __align__(16) uint16_t vs[2][kTile][HD + kPad];
   const int tid = static_cast<int>(threadIdx.x), lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
   const BlockWork w = block_work(p, /*reversed=*/true);
   const int64_t R = 3 * p.C;
@@ -450,17 +485,17 @@ __global__ void __launch_bounds__(kThreads) flash_backward_dq_kernel(FlashParams
   } else {
     float o[HD / 8][4];
     zero(o);
-    for (int64_t k0 = 0; k0 < k_end; k0 += kTile) {
-      load_kv<HD>(ks, vs, q, p, k0, tid);
+    stream_kv<HD>(ks, vs, q, p, k_end, tid, [&](int64_t k0, const uint16_t(*kt)[HD + kPad],
+                                                const uint16_t(*vt)[HD + kPad]) {
       float s[kNt][4];
-      product_rows<T, HD>(s, qa, ks, lane);
+      product_rows<T, HD>(s, qa, kt, lane);
       auto key_of = [&](int nt, int e) { return k0 + nt * 8 + 2 * t + (e & 1); };
       if (tile_has_masked(p, q0, k0))
         probabilities<true>(s, p, query_of, key_of, lse2_of);
       else
         probabilities<false>(s, p, query_of, key_of, lse2_of);
-      accumulate_columns<T, HD>(o, s, vs, lane);
-    }
+      accumulate_columns<T, HD>(o, s, vt, lane);
+    });
     EMBER_UNROLL
     for (int ks_ = 0; ks_ < HD / 16; ++ks_) {
       EMBER_UNROLL
@@ -480,13 +515,13 @@ __global__ void __launch_bounds__(kThreads) flash_backward_dq_kernel(FlashParams
   // Pass 2: ds = p (dp - delta) scale per key tile, dq += ds k.
   float dq[HD / 8][4];
   zero(dq);
-  for (int64_t k0 = 0; k0 < k_end; k0 += kTile) {
-    load_kv<HD>(ks, vs, q, p, k0, tid);
+  stream_kv<HD>(ks, vs, q, p, k_end, tid, [&](int64_t k0, const uint16_t(*kt)[HD + kPad],
+                                              const uint16_t(*vt)[HD + kPad]) {
     float s[kNt][4], dp[kNt][4];
-    product_rows<T, HD>(s, qa, ks, lane);
+    product_rows<T, HD>(s, qa, kt, lane);
     auto key_of = [&](int nt, int e) { return k0 + nt * 8 + 2 * t + (e & 1); };
     auto delta_of = [&](int, int e) { return delta[e >> 1]; };
-    product_rows<T, HD>(dp, da, vs, lane);
+    product_rows<T, HD>(dp, da, vt, lane);
     if (tile_has_masked(p, q0, k0)) {
       probabilities<true>(s, p, query_of, key_of, lse2_of);
       score_grads<true>(dp, s, p, query_of, key_of, delta_of);
@@ -494,8 +529,8 @@ __global__ void __launch_bounds__(kThreads) flash_backward_dq_kernel(FlashParams
       probabilities<false>(s, p, query_of, key_of, lse2_of);
       score_grads<false>(dp, s, p, query_of, key_of, delta_of);
     }
-    accumulate_columns<T, HD>(dq, dp, ks, lane);
-  }
+    accumulate_columns<T, HD>(dq, dp, kt, lane);
+  });
   const float one[2] = {1.0f, 1.0f};
   store_rows<T, HD>(p.out + w.b * p.T * R + w.h * HD, R, r0, p.T, dq, one, lane);
 #else
@@ -507,9 +542,9 @@ __global__ void __launch_bounds__(kThreads) flash_backward_dq_kernel(FlashParams
 template <class T, int HD>
 __global__ void __launch_bounds__(kThreads) flash_backward_dkdv_kernel(FlashParams p) {
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
-  __shared__ __align__(16) uint16_t qs[kTile][HD + kPad];
-  __shared__ __align__(16) uint16_t gs[kTile][HD + kPad];
-  __shared__ float lse_s[kTile], delta_s[kTile];
+  __shared__ __align__(16) uint16_t qs[2][kTile][HD + kPad];
+  __shared__ __align__(16) uint16_t gs[2][kTile][HD + kPad];
+  __shared__ float lse_s[2][kTile], delta_s[2][kTile];
   const int tid = static_cast<int>(threadIdx.x), lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
   const BlockWork w = block_work(p, /*reversed=*/false);
   const int64_t R = 3 * p.C;
@@ -525,35 +560,44 @@ __global__ void __launch_bounds__(kThreads) flash_backward_dkdv_kernel(FlashPara
   zero(dk);
   zero(dv);
   auto key_of = [&](int, int e) { return keys[e >> 1]; };
-  // Query tiles before k0 see none of these keys when causal (tiles are aligned: q0 + kTile <= k0).
-  for (int64_t q0 = p.causal ? k0 : 0; q0 < p.T; q0 += kTile) {
-    __syncthreads();
-    load_tile<HD>(qs, q, R, q0, p.T, tid);
-    load_tile<HD>(gs, go, p.C, q0, p.T, tid);
-    for (int i = tid; i < kTile; i += kThreads) {
-      const bool inside = q0 + i < p.T;
-      lse_s[i] = inside ? p.lse[w.bh * p.T + q0 + i] * kLog2e : 0.0f;  // Note [Flash exponentials]
-      delta_s[i] = inside ? p.delta[w.bh * p.T + q0 + i] : 0.0f;
+  // Query tiles before k0 see none of these keys when causal (tiles are aligned: q0 + kTile <= k0). Thread i < kTile
+  // carries row i's lse log2 e and delta from its issue to the next tile's start in registers (Note [Flash tile
+  // pipeline]).
+  float lse2_next = 0.0f, delta_next = 0.0f;
+  auto issue = [&](int64_t q0, int buf) {
+    copy_tile_async<HD>(qs[buf], q, R, q0, p.T, tid);
+    copy_tile_async<HD>(gs[buf], go, p.C, q0, p.T, tid);
+    if (tid < kTile) {
+      const bool inside = q0 + tid < p.T;
+      lse2_next = inside ? p.lse[w.bh * p.T + q0 + tid] * kLog2e : 0.0f;  // Note [Flash exponentials]
+      delta_next = inside ? p.delta[w.bh * p.T + q0 + tid] : 0.0f;
     }
-    __syncthreads();
+  };
+  auto land = [&](int buf) {
+    if (tid < kTile) {
+      lse_s[buf][tid] = lse2_next;
+      delta_s[buf][tid] = delta_next;
+    }
+  };
+  stream_tiles(p.causal ? k0 : 0, p.T, issue, land, [&](int64_t q0, int buf) {
     auto query_of = [&](int nt, int e) { return q0 + nt * 8 + 2 * t + (e & 1); };
     float s[kNt][4], dp[kNt][4];
-    auto lse2_of = [&](int nt, int e) { return lse_s[nt * 8 + 2 * t + (e & 1)]; };
-    auto delta_of = [&](int nt, int e) { return delta_s[nt * 8 + 2 * t + (e & 1)]; };
+    auto lse2_of = [&](int nt, int e) { return lse_s[buf][nt * 8 + 2 * t + (e & 1)]; };
+    auto delta_of = [&](int nt, int e) { return delta_s[buf][nt * 8 + 2 * t + (e & 1)]; };
     const bool edge = tile_has_masked(p, q0, k0);
-    product_rows<T, HD>(s, ka, qs, lane);  // s^T = k q^T
+    product_rows<T, HD>(s, ka, qs[buf], lane);  // s^T = k q^T
     if (edge)
       probabilities<true>(s, p, query_of, key_of, lse2_of);
     else
       probabilities<false>(s, p, query_of, key_of, lse2_of);
-    accumulate_columns<T, HD>(dv, s, gs, lane);  // dv += p^T grad_out
-    product_rows<T, HD>(dp, va, gs, lane);       // dp^T = v grad_out^T
+    accumulate_columns<T, HD>(dv, s, gs[buf], lane);  // dv += p^T grad_out
+    product_rows<T, HD>(dp, va, gs[buf], lane);       // dp^T = v grad_out^T
     if (edge)
       score_grads<true>(dp, s, p, query_of, key_of, delta_of);
     else
       score_grads<false>(dp, s, p, query_of, key_of, delta_of);
-    accumulate_columns<T, HD>(dk, dp, qs, lane);  // dk += ds^T q
-  }
+    accumulate_columns<T, HD>(dk, dp, qs[buf], lane);  // dk += ds^T q
+  });
   const float one[2] = {1.0f, 1.0f};
   uint16_t* grad = p.out + w.b * p.T * R + w.h * HD;
   store_rows<T, HD>(grad + p.C, R, r0, p.T, dk, one, lane);
