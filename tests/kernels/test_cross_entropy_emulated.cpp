@@ -1,7 +1,8 @@
 // The CUDA fused softmax + cross-entropy kernels (ember/kernels/cuda/cross_entropy_kernels.cuh) run on the CPU under
 // the SIMT emulator (tests/harness/simt_emulator.h), against float64 loops: loss, lse and the logits' gradient for f32
 // and bf16 rows read as 16-byte packs and element by element, with label smoothing, an ignored row and a row whose
-// target is its largest logit. Outputs are NaN-poisoned first. The same kernels on a GPU are checked by
+// target is its largest logit; and rows with -inf, NaN and +inf logits through the packed path. Outputs are
+// NaN-poisoned first. The same kernels on a GPU are checked by
 // CrossEntropyTest.
 #include <cmath>
 #include <limits>
@@ -96,6 +97,73 @@ TEST(CrossEntropyEmulatedTest, PackedAndScalarRowsMatchFloat64) {
     check_cross_entropy<BFloat16>(3, 4096, smoothing, true);  // 512 packs of 8, two per thread
     check_cross_entropy<BFloat16>(3, 37, smoothing, false);   // one warp, a partial row
   }
+}
+
+// Note [Non-finite rows] through the packed path (Note [Cross-entropy packs]): rows wide enough that thread 0 adds two
+// packs, so a thread's first pack can be all -inf (its max stays -inf) and its second finite. A masked row (some -inf)
+// and a row whose first pack is masked give the f64 loss over the other logits and a zero gradient at the masked
+// ones; a NaN, a +inf and a row of only -inf give a NaN loss and lse.
+template <class T>
+void check_non_finite_rows(int64_t cols) {
+  using A = kc::acc_t<T>;
+  SCOPED_TRACE(::testing::Message() << (std::is_same_v<T, float> ? "f32" : "bf16") << " cols " << cols);
+  constexpr int64_t kRows = 5;
+  const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
+  std::vector<T> logits(static_cast<size_t>(kRows * cols));
+  for (int64_t i = 0; i < kRows * cols; ++i)
+    logits[static_cast<size_t>(i)] = T(static_cast<float>((i * 37) % 101) / 25.0f - 2.0f);
+  auto at = [&](int64_t r, int64_t c) -> T& { return logits[static_cast<size_t>(r * cols + c)]; };
+  constexpr int V = ::ember::cuda::Pack<T>::kSize;
+  for (int64_t c = 0; c < cols; c += 3) at(0, c) = T(-inf);  // masked logits
+  for (int64_t c = 0; c < V; ++c) at(1, c) = T(-inf);        // thread 0's first pack all -inf
+  at(2, cols - 1) = T(nan);
+  at(3, cols / 2) = T(inf);
+  for (int64_t c = 0; c < cols; ++c) at(4, c) = T(-inf);
+  const std::vector<int64_t> target = {1, V, 0, 0, 0};
+  std::vector<A> loss(kRows, A(nan)), lse = loss, grad_loss(kRows, A(1));
+  std::vector<T> grad(logits.size(), T(nan));
+  const unsigned threads = kc::threads_for(cols);
+  ASSERT_TRUE(kc::cross_entropy_packed<T>(logits.data(), grad.data(), cols));
+  ASSERT_GT(cols / V, static_cast<int64_t>(threads));  // thread 0 adds a second pack
+  simt::launch(kRows, threads, [&] {
+    kc::cross_entropy_kernel<T>(logits.data(), target.data(), cols, -100, 0.0, loss.data(), lse.data(), true);
+  });
+  simt::launch(kRows, threads, [&] {
+    kc::cross_entropy_backward_kernel<T>(grad_loss.data(), logits.data(), target.data(), lse.data(), cols, -100, A(0),
+                                         A(1), grad.data(), true);
+  });
+  for (int64_t r : {0, 1}) {
+    double mx = -INFINITY, s = 0;
+    for (int64_t c = 0; c < cols; ++c) mx = std::max(mx, static_cast<double>(static_cast<A>(at(r, c))));
+    for (int64_t c = 0; c < cols; ++c) s += std::exp(static_cast<double>(static_cast<A>(at(r, c))) - mx);
+    const double l = mx + std::log(s);
+    const double want = l - static_cast<double>(static_cast<A>(at(r, target[static_cast<size_t>(r)])));
+    EXPECT_NEAR(static_cast<double>(loss[static_cast<size_t>(r)]), want, 1e-5 * std::max(1.0, want)) << "row " << r;
+    EXPECT_NEAR(static_cast<double>(lse[static_cast<size_t>(r)]), l, 1e-5 * std::abs(l)) << "row " << r;
+    for (int64_t c = 0; c < cols; ++c) {
+      const double x = static_cast<double>(static_cast<A>(at(r, c)));
+      const double p = std::exp(x - l), want_g = c == target[static_cast<size_t>(r)] ? p - 1.0 : p;
+      const double got = static_cast<double>(static_cast<A>(grad[static_cast<size_t>(r * cols + c)]));
+      if (x == -INFINITY) {
+        EXPECT_EQ(got, 0.0) << "row " << r << " column " << c;
+      } else {
+        const double tol = std::is_same_v<T, float> ? 1e-6 : 1e-2;
+        EXPECT_NEAR(got, want_g, tol) << "row " << r << " column " << c;
+      }
+    }
+  }
+  for (int64_t r : {2, 3, 4}) {
+    EXPECT_TRUE(std::isnan(static_cast<double>(loss[static_cast<size_t>(r)]))) << "row " << r;
+    EXPECT_TRUE(std::isnan(static_cast<double>(lse[static_cast<size_t>(r)]))) << "row " << r;
+  }
+}
+
+TEST(CrossEntropyEmulatedTest, NonFiniteRowsThroughPacks) {
+#if defined(__SANITIZE_THREAD__)
+  GTEST_SKIP() << "the emulator's fibers switch stacks, which ThreadSanitizer is not told about";
+#endif
+  check_non_finite_rows<float>(1040);     // 260 packs of 4 over 256 threads
+  check_non_finite_rows<BFloat16>(2064);  // 258 packs of 8
 }
 
 }  // namespace

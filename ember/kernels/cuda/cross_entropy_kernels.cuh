@@ -21,12 +21,16 @@ constexpr int kMaxThreads = 256;
 template <class T>
 using acc_t = std::conditional_t<std::is_same_v<T, double>, double, float>;
 
+// e^x in A. f32 takes it as 2^(x log2 e) by exp2f, one MUFU.EX2 on the device where expf adds a range reduction of
+// several instructions (as Note [Flash exponentials] in attention_flash_kernels.cuh); the rounding of x log2 e adds
+// |x| 2^-24 ln 2 relative error, which for the x <= 0 of these kernels matters only where e^x is far below the terms
+// it is summed with.
 template <class A>
 __device__ __forceinline__ A exp_acc(A x) {
   if constexpr (std::is_same_v<A, double>)
     return exp(x);
   else
-    return expf(x);
+    return exp2f(x * 1.4426950408889634f);
 }
 
 // A running log-sum-exp: m the largest value seen, s = sum of e^(x - m); nan set once a NaN or a +inf was seen.
@@ -50,6 +54,34 @@ __device__ __forceinline__ void acc_add(RowAcc<A>& a, A x) {
   } else if (x != -INFINITY) {
     a.s += exp_acc(x - a.m);
   }
+}
+
+// Note [Cross-entropy packs]
+// A 16-byte pack's elements are added at once: the pack's max first, then one rescale of the running sum to the new
+// max, then an exponential per element with no compare or branch, where acc_add's per-element form compares, branches
+// (lanes diverge while the max is still rising) and may rescale at every element. An element costs about 7
+// instructions (max, difference, multiply, EX2, two adds, the non-finite test) against about 25, which is what keeps a
+// bf16 row (8 elements per 16 bytes) from being bound by instruction issue rather than memory. A NaN or +inf sets
+// `nan` (fmax skips a NaN; a +inf max only makes s NaN, which `nan` overrides anyway); a pack of only -inf elements
+// adds nothing, and while m is still -inf the exponentials are taken against 0 so that -inf - -inf never appears.
+template <class A, int V>
+__device__ __forceinline__ void acc_add_pack(RowAcc<A>& a, const A (&x)[V]) {
+  A mx = a.m, sum_x = A(0);
+  bool bad = false;
+  EMBER_UNROLL
+  for (int e = 0; e < V; ++e) {
+    mx = x[e] > mx ? x[e] : mx;
+    sum_x += x[e];
+    bad = bad || !(x[e] < A(INFINITY));  // NaN or +inf
+  }
+  const A ref = mx == A(-INFINITY) ? A(0) : mx;
+  A sum = a.s * exp_acc(a.m - ref);
+  EMBER_UNROLL
+  for (int e = 0; e < V; ++e) sum += exp_acc(x[e] - ref);
+  a.m = mx;
+  a.s = sum;
+  a.sum_x += sum_x;
+  a.nan = a.nan || bad;
 }
 
 template <class A>
@@ -115,8 +147,10 @@ __global__ void cross_entropy_kernel(const T* __restrict__ logits, const int64_t
     const P* prow = reinterpret_cast<const P*>(row);
     for (int64_t pc = threadIdx.x; pc < cols / P::kSize; pc += blockDim.x) {
       const P p = prow[pc];
+      A x[P::kSize];
       EMBER_UNROLL
-      for (int e = 0; e < P::kSize; ++e) acc_add(a, static_cast<A>(p.v[e]));
+      for (int e = 0; e < P::kSize; ++e) x[e] = static_cast<A>(p.v[e]);
+      acc_add_pack(a, x);  // Note [Cross-entropy packs]
     }
   } else {
     for (int64_t j = threadIdx.x; j < cols; j += blockDim.x) acc_add(a, static_cast<A>(row[j]));
@@ -152,28 +186,42 @@ __global__ void cross_entropy_backward_kernel(const acc_t<T>* __restrict__ grad_
   const T* row = logits + r * cols;
   T* out = grad_logits + r * cols;
   const int64_t t = target[r];
-  const bool ignored = t == ignore_index;
-  const A g = ignored ? A(0) : grad_loss[r], l = ignored ? A(0) : lse[r];
-  // The gradient of element j from its logit x (0 for an ignored row).
-  auto grad_of = [&](int64_t j, A x) {
-    if (ignored) return T(A(0));
-    const A p = exp_acc(x - l);
-    return T(j == t ? g * ((p - uniform) - hit) : g * (p - uniform));
-  };
+  const A g = grad_loss[r], l = lse[r];  // read with the target, not after it (every row has both)
+  if (t == ignore_index) {  // the gradient of an ignored row is 0; its logits are not read
+    if (packed) {
+      P zero;
+      EMBER_UNROLL
+      for (int e = 0; e < V; ++e) zero.v[e] = T(A(0));
+      for (int64_t pc = threadIdx.x; pc < cols / V; pc += blockDim.x) reinterpret_cast<P*>(out)[pc] = zero;
+    } else {
+      for (int64_t j = threadIdx.x; j < cols; j += blockDim.x) out[j] = T(A(0));
+    }
+    return;
+  }
+  const A g_uniform = g * uniform, g_hit = g * hit;
+  // g (p - uniform) = g p - g uniform for every element; the target's also subtracts g hit, once per row.
+  auto grad_of = [&](A x) { return g * exp_acc(x - l) - g_uniform; };
   if (packed) {
     const P* prow = reinterpret_cast<const P*>(row);
     P* pout = reinterpret_cast<P*>(out);
     for (int64_t pc = threadIdx.x; pc < cols / V; pc += blockDim.x) {
-      P p;
-      if (!ignored) p = prow[pc];  // an ignored row's logits are not read
+      const P p = prow[pc];
+      A d[V];
+      EMBER_UNROLL
+      for (int e = 0; e < V; ++e) d[e] = grad_of(static_cast<A>(p.v[e]));
+      const int64_t te = t - pc * V;  // the target's place in this pack, if it is in it
+      EMBER_UNROLL
+      for (int e = 0; e < V; ++e) d[e] -= te == e ? g_hit : A(0);
       P o;
       EMBER_UNROLL
-      for (int e = 0; e < V; ++e) o.v[e] = grad_of(pc * V + e, ignored ? A(0) : static_cast<A>(p.v[e]));
+      for (int e = 0; e < V; ++e) o.v[e] = T(d[e]);
       pout[pc] = o;
     }
   } else {
-    for (int64_t j = threadIdx.x; j < cols; j += blockDim.x)
-      out[j] = grad_of(j, ignored ? A(0) : static_cast<A>(row[j]));
+    for (int64_t j = threadIdx.x; j < cols; j += blockDim.x) {
+      const A d = grad_of(static_cast<A>(row[j]));
+      out[j] = T(j == t ? d - g_hit : d);
+    }
   }
 }
 
