@@ -46,7 +46,7 @@ struct RowAcc {
 template <class A>
 __device__ __forceinline__ void acc_add(RowAcc<A>& a, A x) {
   a.sum_x += x;
-  if (x != x || x == A(INFINITY)) {  // Note [Non-finite rows]: m never becomes +inf
+  if (x != x || x == A(INFINITY)) {  // Note [Non-finite rows]: m stays below +inf here (acc_add_pack's may not)
     a.nan = true;
   } else if (x > a.m) {
     a.s = a.s * exp_acc(a.m - x) + A(1);  // m = -inf at first: e^-inf = 0
