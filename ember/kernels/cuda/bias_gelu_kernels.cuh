@@ -32,11 +32,14 @@ EMBER_HD_INLINE A gelu_grad_at(A g, A v, bool tanh_approx) {
 // cols] and bias [cols], all 16-byte aligned with cols a multiple of V: thread (tx, ty) reads and writes pack tx of
 // rows ty, ty + 8, ... with 128-bit accesses (bias_gelu_backward_kernel moves one element per access), keeps V column
 // sums, and the block adds the 8 row threads' sums of each column in ty order into grad_bias (T, `final`) or the
-// partial buffer [groups, cols] of op_math_t<T>. grad_x or sums may be null (not written).
+// partial buffer [groups, cols] of op_math_t<T>. grad_x or sums may be null (not written). A thread takes its rows two
+// at a time, the four loads of both before any arithmetic (grad_x does not alias the inputs: __restrict__), and adds
+// them in row order as one row at a time would.
 template <class T>
 __global__ void __launch_bounds__(32 * kRowThreads)
-    bias_gelu_backward_pack_kernel(const T* g, const T* x, const T* bias, int64_t rows, int64_t cols,
-                                   int64_t rows_per_group, bool tanh_approx, T* grad_x, void* sums, bool final) {
+    bias_gelu_backward_pack_kernel(const T* __restrict__ g, const T* __restrict__ x, const T* __restrict__ bias,
+                                   int64_t rows, int64_t cols, int64_t rows_per_group, bool tanh_approx,
+                                   T* __restrict__ grad_x, void* sums, bool final) {
   using A = op_math_t<T>;
   using P = ::ember::cuda::Pack<T>;
   constexpr int V = P::kSize;
@@ -46,10 +49,11 @@ __global__ void __launch_bounds__(32 * kRowThreads)
   for (int e = 0; e < V; ++e) acc[e] = A(0);
   if (t.cp < t.col_packs) {
     const P bv = reinterpret_cast<const P*>(bias)[t.cp];
-    for (int64_t r = t.r0 + t.ty; r < t.r1; r += kRowThreads) {
-      const int64_t i = r * t.col_packs + t.cp;
-      const P gv = reinterpret_cast<const P*>(g)[i], xv = reinterpret_cast<const P*>(x)[i];
-      P d;
+    const P* gp = reinterpret_cast<const P*>(g);
+    const P* xp = reinterpret_cast<const P*>(x);
+    P* dp = reinterpret_cast<P*>(grad_x);
+    // The gradient of one row's pack into d, added to the sums.
+    auto row_grad = [&](const P& gv, const P& xv, P& d) {
       EMBER_UNROLL
       for (int e = 0; e < V; ++e) {
         const A v =
@@ -57,7 +61,24 @@ __global__ void __launch_bounds__(32 * kRowThreads)
         d.v[e] = T(v);
         acc[e] += v;
       }
-      if (grad_x) reinterpret_cast<P*>(grad_x)[i] = d;
+    };
+    int64_t r = t.r0 + t.ty;
+    for (; r + kRowThreads < t.r1; r += 2 * kRowThreads) {
+      const int64_t i0 = r * t.col_packs + t.cp, i1 = i0 + kRowThreads * t.col_packs;
+      const P g0 = gp[i0], x0 = xp[i0], g1 = gp[i1], x1 = xp[i1];
+      P d0, d1;
+      row_grad(g0, x0, d0);
+      row_grad(g1, x1, d1);
+      if (dp != nullptr) {
+        dp[i0] = d0;
+        dp[i1] = d1;
+      }
+    }
+    if (r < t.r1) {
+      const int64_t i = r * t.col_packs + t.cp;
+      P d;
+      row_grad(gp[i], xp[i], d);
+      if (dp != nullptr) dp[i] = d;
     }
   }
   if (sums == nullptr) return;  // uniform over the grid: no thread reaches the barrier
