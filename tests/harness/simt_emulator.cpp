@@ -32,6 +32,8 @@ constexpr size_t kStackBytes = size_t{256} << 10;  // the kernels keep their reg
 constexpr size_t kSharedAlign = 4096;
 constexpr unsigned kSkewPeriods = 4;  // warps run every 1st, 2nd, 3rd or 4th round (launch's skewed rounds)
 constexpr uint64_t kSkewCycle = 12;   // rounds in which every period comes round: lcm(1, 2, 3, 4)
+static_assert(kSkewPeriods == 4 && kSkewCycle % 12 == 0, "the cycle must be a multiple of lcm(1 .. kSkewPeriods)");
+constexpr unsigned char kPoison = 0xff;  // what a cp.async destination holds until the copy lands
 
 struct Barrier {
   unsigned arrived = 0;
@@ -49,7 +51,8 @@ struct AsyncCopy {
   void* dst;
   const void* src;
   int src_bytes;
-  int64_t group;  // -1 until a commit closes it into a group
+  int64_t group;               // -1 until a commit closes it into a group
+  unsigned char snapshot[16];  // the source at the issue: a write to it while in flight is an error
 };
 
 struct Fiber {
@@ -117,6 +120,9 @@ void fiber_entry() {
     if (!s.error) s.error = std::current_exception();
   }
   Fiber& f = s.fibers[s.running];
+  if (!f.copies.empty() && !s.error)
+    s.error = std::make_exception_ptr(
+        SimtError("cp.async: a thread exited with copies in flight (no cp.async.wait_group covered them)"));
   f.done = true;
   --s.live;
   ++s.progress;
@@ -234,8 +240,10 @@ void cp_async(void* dst, const void* src, int src_bytes) {
     throw SimtError("cp.async: an address is not 16-byte aligned");
   if (src_bytes < 0 || src_bytes > 16) throw SimtError("cp.async: src_bytes " + std::to_string(src_bytes));
   Scheduler& s = scheduler();
-  std::memset(dst, 0xff, 16);
-  s.fibers[s.running].copies.push_back({dst, src, src_bytes, -1});
+  AsyncCopy c{dst, src, src_bytes, -1, {}};
+  if (src_bytes > 0) std::memcpy(c.snapshot, src, static_cast<size_t>(src_bytes));
+  std::memset(dst, kPoison, 16);
+  s.fibers[s.running].copies.push_back(c);
 }
 
 void cp_async_commit_group() {
@@ -253,8 +261,15 @@ void cp_async_wait_group(int pending) {
   size_t kept = 0;
   for (AsyncCopy& c : f.copies) {
     if (c.group >= 0 && c.group < done_below) {
+      // The hardware reads the source and writes the destination at some time between the issue and the wait: a
+      // store to either in between makes the result undefined.
+      const unsigned char* d = static_cast<const unsigned char*>(c.dst);
+      for (int k = 0; k < 16; ++k)
+        if (d[k] != kPoison) throw SimtError("cp.async: its destination was written while the copy was in flight");
+      if (c.src_bytes > 0 && std::memcmp(c.snapshot, c.src, static_cast<size_t>(c.src_bytes)) != 0)
+        throw SimtError("cp.async: its source was written while the copy was in flight");
       std::memset(c.dst, 0, 16);
-      if (c.src_bytes > 0) std::memcpy(c.dst, c.src, static_cast<size_t>(c.src_bytes));
+      if (c.src_bytes > 0) std::memcpy(c.dst, c.snapshot, static_cast<size_t>(c.src_bytes));
     } else {
       f.copies[kept++] = c;
     }
@@ -383,7 +398,7 @@ void launch(Dim3 grid, unsigned block, const std::function<void()>& kernel, size
       Fiber& f = s.fibers[i];
       f.done = false;
       f.fake_stack = nullptr;
-      f.copies.clear();  // copies a thread never waited for are dropped with its block
+      f.copies.clear();
       f.groups = 0;
       f.cta = i / block;
       f.index.thread_idx = {i % block, 0, 0};
@@ -402,28 +417,40 @@ void launch(Dim3 grid, unsigned block, const std::function<void()>& kernel, size
     // Skewed rounds: warp w of a block runs in every period(w)-th round only, so between two block barriers the warps
     // drift apart by many steps, as they do on a GPU, and a read that a missing barrier leaves unordered against
     // another warp's write (or cp.async issue) sees the wrong bytes. Even blocks slow their later warps, odd blocks
-    // their earlier ones, so either side of a race gets to be the late one.
+    // their earlier ones, so either side of a race gets to be the late one. One warp of each block (warp b % warps of
+    // block b, so every warp index is it in some block) is the late one: it runs only in a round in which the others
+    // made no progress, i.e. once they all wait at a barrier that needs it (or spin on an mbarrier), so its writes
+    // after a barrier come as late as a GPU may make them and its reads before one as late too.
+    const unsigned warps_per_block = block / 32;
     std::vector<unsigned> period(threads);
+    std::vector<char> late(threads);
     for (unsigned i = 0; i < threads; ++i) {
-      const unsigned w = (i % block) / 32 % kSkewPeriods, b = static_cast<unsigned>((b0 + i / block) % 2);
-      period[i] = 1 + (b == 0 ? w : kSkewPeriods - 1 - w);
+      const uint64_t b = b0 + i / block;
+      const unsigned w = (i % block) / 32, skew = w % kSkewPeriods;
+      period[i] = 1 + (b % 2 == 0 ? skew : kSkewPeriods - 1 - skew);
+      late[i] = w == b % warps_per_block;
     }
+    auto run = [&](size_t i) {
+      s.running = i;
+      void* main_fake = nullptr;
+#if defined(EMBER_SIMT_ASAN)
+      __sanitizer_start_switch_fiber(&main_fake, s.fibers[i].stack.get(), kStackBytes);
+#endif
+      swapcontext(&s.main, &s.fibers[i].context);
+#if defined(EMBER_SIMT_ASAN)
+      __sanitizer_finish_switch_fiber(main_fake, nullptr, nullptr);
+#endif
+      (void)main_fake;
+      if (s.error) std::rethrow_exception(s.error);
+    };
     uint64_t before = s.progress;
     for (uint64_t round = 0; s.live > 0; ++round) {
-      for (size_t i = 0; i < s.fibers.size(); ++i) {
-        if (s.fibers[i].done || round % period[i] != 0) continue;
-        s.running = i;
-        void* main_fake = nullptr;
-#if defined(EMBER_SIMT_ASAN)
-        __sanitizer_start_switch_fiber(&main_fake, s.fibers[i].stack.get(), kStackBytes);
-#endif
-        swapcontext(&s.main, &s.fibers[i].context);
-#if defined(EMBER_SIMT_ASAN)
-        __sanitizer_finish_switch_fiber(main_fake, nullptr, nullptr);
-#endif
-        (void)main_fake;
-        if (s.error) std::rethrow_exception(s.error);
-      }
+      const uint64_t round_start = s.progress;
+      for (size_t i = 0; i < s.fibers.size(); ++i)
+        if (!s.fibers[i].done && !late[i] && round % period[i] == 0) run(i);
+      if (s.progress == round_start)
+        for (size_t i = 0; i < s.fibers.size(); ++i)
+          if (!s.fibers[i].done && late[i]) run(i);
       // A whole cycle of rounds (every thread ran at least once) in which no barrier opened and no thread finished:
       // everyone left waits for a thread that will never arrive.
       if (round % kSkewCycle == kSkewCycle - 1) {

@@ -1,7 +1,8 @@
 // A CPU emulator of the CUDA execution model, enough to run ember's warp-synchronous kernels on a machine without a
 // GPU: every thread of a block is a fiber (ucontext) on the calling thread, scheduled round-robin with the warps of a
-// block skewed (some run in every round, others in every second to fourth, so they drift apart between barriers as
-// on a GPU and an unordered shared-memory access tends to read the wrong bytes); __syncthreads,
+// block skewed (some run in every round, others in every second to fourth, and one late warp only when the others
+// all wait, so they drift apart between barriers as on a GPU and an unordered shared-memory access tends to read the
+// wrong bytes); __syncthreads,
 // the warp shuffles (xor, down), ldmatrix and mma.sync m16n8k16 are rendezvous points where a fiber yields until its
 // block (or warp) has arrived. Blocks of a launch run one after the other (a cluster's blocks together), so
 // `__shared__` variables (defined here as function-local statics) belong to the running block. Include this header,
@@ -177,7 +178,8 @@ void yield_now();
 // as the hardware may complete it: the issue fills dst with poison (every bit set: NaN in f32, f16 and bf16), and the
 // bytes land only when the issuing thread's cp_async_wait_group covers the copy's group. A read before that wait, or
 // by another thread before a barrier that follows it, sees the poison; so does a reader of the old contents that an
-// issue overwrote without a barrier in between.
+// issue overwrote without a barrier in between. A store to the destination or the source before the wait, and a
+// thread that exits with copies in flight, throw SimtError.
 void cp_async(void* dst, const void* src, int src_bytes);
 // cp.async.commit_group: the thread's copies issued since the last commit form a group (possibly empty).
 void cp_async_commit_group();

@@ -129,6 +129,27 @@ TEST(SimtEmulatorTest, CpAsyncLandsAtItsWait) {
   }
 }
 
+// What the hardware leaves undefined is an error: a store into a cp.async destination, or to its source, before the
+// wait that covers the copy, and a thread that exits with copies in flight.
+TEST(SimtEmulatorTest, CpAsyncMisuseIsReported) {
+  skip_under_tsan();
+  alignas(16) static uint32_t src[32][4] = {};
+  auto copy_then = [](auto&& between) {
+    return [between] {
+      alignas(16) __shared__ uint32_t dst[32][4];
+      const int t = static_cast<int>(simt::current().thread_idx.x);
+      ::ember::cuda::cp_async_16(dst[t], src[t], 16);
+      ::ember::cuda::cp_async_commit();
+      if (!between(dst[t], src[t])) return;  // exits with the copy in flight
+      ::ember::cuda::cp_async_wait<0>();
+    };
+  };
+  EXPECT_THROW(simt::launch(1, 32, copy_then([](uint32_t* d, uint32_t*) { return d[0] = 1, true; })), simt::SimtError);
+  EXPECT_THROW(simt::launch(1, 32, copy_then([](uint32_t*, uint32_t* s) { return s[1] += 1, true; })), simt::SimtError);
+  EXPECT_THROW(simt::launch(1, 32, copy_then([](uint32_t*, uint32_t*) { return false; })), simt::SimtError);
+  EXPECT_NO_THROW(simt::launch(1, 32, copy_then([](uint32_t*, uint32_t*) { return true; })));
+}
+
 // ---- the flash kernels --------------------------------------------------------------------------------------------
 
 constexpr uint16_t kPoison16 = 0xffffu;  // NaN in f16 and bf16

@@ -158,11 +158,13 @@ __device__ __forceinline__ void load_a(uint32_t (&a)[HD / 16][4], const uint16_t
 // a tile's loads overlap the previous tile's products instead of standing between two barriers. One barrier a tile
 // does both jobs: it follows this thread's cp_async_wait<0> (tile i has landed for the copies it issued) and so makes
 // tile i visible to the block, and it follows every warp's reads of tile i - 1, so the copies of tile i + 1 issued
-// right after it may overwrite that buffer. Values that need arithmetic on the way (the dkdv kernel's lse log2 e) are
-// loaded into registers at the issue and stored to the buffer at the next tile's start (`land`), before its barrier:
-// their latency hides behind a tile's products too. A walk starts with a barrier, so it may follow another walk over
+// right after it may overwrite that buffer. The dkdv kernel's per-row floats (lse log2 e, which needs a multiply on the
+// way, and delta) are loaded into registers at the issue by threads 0 .. kTile - 1 and stored to their buffer at the
+// next tile's start (`land`), before its barrier: their latency hides behind a tile's products too. (The two carried
+// registers push that kernel at head size 64 to 48 bytes of spills, all outside its tile loop.) A walk starts with a barrier, so it may follow another walk over
 // the same buffers (the dq kernel's two passes), and ends with no copy in flight (its last group is empty).
-// Shared memory doubles: at head size 64 the forward holds 36 KiB, three blocks a SM 108 KiB.
+// Shared memory doubles: at head size 64 the forward holds 36 KiB, three blocks a SM 108 KiB (sm_80 and sm_90 have
+// 164 and 228 KiB a SM; sm_86 and sm_89, 100 KiB, fit two).
 
 // Rows r0 .. r0 + kTile - 1 of a row-major [rows, ld] matrix's HD columns at m into s by cp.async, 16 bytes a copy;
 // rows at or past `rows` are zero-filled and not read. m and ld keep every row's columns 16-byte aligned
