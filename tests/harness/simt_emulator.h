@@ -291,6 +291,11 @@ inline bool mbar_try_wait(uint64_t* bar, unsigned parity) {
   ::ember::testing::simt::yield_now();
   return false;
 }
+// The emulator reports a wait that no phase ends as a deadlock (the device form traps after kMbarHangNs).
+inline void mbar_wait(uint64_t* bar, unsigned parity) {
+  while (!mbar_try_wait(bar, parity)) {
+  }
+}
 inline void tma_load_3d(void* dst, const TmaDescriptor* map, int c0, int c1, int c2, uint64_t* bar) {
   const int c[3] = {c0, c1, c2};
   ::ember::testing::simt::tma_load(dst, *map, c, bar);

@@ -7,6 +7,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <string>
 
 #include "ember/core/dtype.h"
 
@@ -77,6 +78,10 @@ bool tensor_core_gemm_takes(DType dtype, int64_t M, int64_t N, int64_t K, const 
 // Whether the Hopper kernel can run on `device`: compute capability 9.x, enough shared memory, and sm_90a code in
 // this build (CMAKE_CUDA_ARCHITECTURES 90a; a plain 90 build lacks wgmma). Checked once per device by a probe kernel.
 bool wgmma_gemm_supported(int device);
+// Why wgmma_gemm_supported(device) is false (empty when it is true): not a 9.x device, too little shared memory, a
+// build without sm_90a code, a kernel compiled to another register count than its setmaxnreg split needs, or the
+// probe kernel's error.
+std::string wgmma_gemm_unsupported_reason(int device);
 // The Hopper kernel's tile width (N columns per block: 64, 128 or 256) and cluster size (1, or 2 blocks along M that
 // share B's loads by multicast); 0 picks per product (Note [Hopper GEMM], "Tile width" and "Clusters"). Set for the
 // process (tests, benchmarks); ValueError for other values or a cluster of 2 at width 64.

@@ -10,8 +10,9 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
+#include <deque>
 #include <mutex>
-#include <vector>
+#include <string>
 
 #include "ember/base/cuda_check.h"
 #include "ember/core/dtype.h"
@@ -34,15 +35,20 @@ using sm90::WgmmaGemmParams;
 // The most shared memory a tile width's kernel takes (each about 193 KiB: 192 KiB of stages).
 constexpr size_t kSmemBytes = std::max({Tile<256>::kSmemBytes, Tile<128>::kSmemBytes, Tile<64>::kSmemBytes});
 
-// Raises a kernel's shared-memory limit; false when its register count is not the 168 that its setmaxnreg split
-// assumes (Note [Hopper GEMM], "Registers": fewer would hang the consumers).
+// Raises a kernel's shared-memory limit; false (with the reason in why_not) when its register count is not the 168
+// that its setmaxnreg split assumes (Note [Hopper GEMM], "Registers": fewer would hang the consumers).
 template <int BN, int kCluster, bool kAMajorM, bool kBMajorK>
-bool prepare_kernel() {
+bool prepare_kernel(std::string& why_not) {
   for (auto* kernel : {wgmma_gemm_kernel<Half, BN, kCluster, kAMajorM, kBMajorK>,
                        wgmma_gemm_kernel<BFloat16, BN, kCluster, kAMajorM, kBMajorK>}) {
     cudaFuncAttributes attributes{};
     EMBER_CUDA_CHECK(cudaFuncGetAttributes(&attributes, kernel));
-    if (attributes.numRegs != 168) return false;
+    if (attributes.numRegs != 168) {
+      why_not = "the kernel (tile width " + std::to_string(BN) + ", cluster " + std::to_string(kCluster) +
+                ") was compiled to " + std::to_string(attributes.numRegs) +
+                " registers a thread, not the 168 its setmaxnreg split needs";
+      return false;
+    }
     EMBER_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                           static_cast<int>(Tile<BN>::kSmemBytes)));
   }
@@ -51,10 +57,10 @@ bool prepare_kernel() {
 
 // Every tile width and cluster size of one operand layout.
 template <bool kAMajorM, bool kBMajorK>
-bool prepare_layout() {
-  return prepare_kernel<256, 1, kAMajorM, kBMajorK>() && prepare_kernel<128, 1, kAMajorM, kBMajorK>() &&
-         prepare_kernel<64, 1, kAMajorM, kBMajorK>() && prepare_kernel<256, 2, kAMajorM, kBMajorK>() &&
-         prepare_kernel<128, 2, kAMajorM, kBMajorK>();
+bool prepare_layout(std::string& why_not) {
+  return prepare_kernel<256, 1, kAMajorM, kBMajorK>(why_not) && prepare_kernel<128, 1, kAMajorM, kBMajorK>(why_not) &&
+         prepare_kernel<64, 1, kAMajorM, kBMajorK>(why_not) && prepare_kernel<256, 2, kAMajorM, kBMajorK>(why_not) &&
+         prepare_kernel<128, 2, kAMajorM, kBMajorK>(why_not);
 }
 
 // A launch configuration of `grid` blocks of the kernel, in clusters of kCluster along x.
@@ -90,6 +96,7 @@ int max_active_clusters() {
 struct DeviceState {
   int8_t ok = -1;                          // -1 unknown, 0 no, 1 yes
   int clusters_128 = 0, clusters_256 = 0;  // max_active_clusters
+  std::string why_not;                     // when ok == 0: what failed (wgmma_gemm_unsupported_reason)
 };
 
 std::atomic<int> g_tile_width{0}, g_cluster{0};  // set_wgmma_config
@@ -104,17 +111,23 @@ __global__ void wgmma_probe_kernel(int* flag) {
 }
 
 // Runs the probe once on `device` (a one-time synchronisation), prepares the kernels when the device qualifies, and
-// caches the answer with the devices' cluster capacities.
+// caches the answer with the devices' cluster capacities. The states live in a deque, which never moves an element,
+// so a reference stays valid while a later probe of another device appends.
 const DeviceState& probe_device(int device) {
   static std::mutex mu;
-  static std::vector<DeviceState> state;
+  static std::deque<DeviceState> state;
   std::lock_guard<std::mutex> lock(mu);
   if (device < static_cast<int>(state.size()) && state[static_cast<size_t>(device)].ok >= 0)
     return state[static_cast<size_t>(device)];
   DeviceState st;
   st.ok = 0;
   const DeviceProperties& props = device_properties(device);
-  if (props.major == 9 && props.shared_memory_per_block_optin >= static_cast<int64_t>(kSmemBytes)) {
+  if (props.major != 9) {
+    st.why_not = "compute capability " + std::to_string(props.major) + "." + std::to_string(props.minor) + ", not 9.x";
+  } else if (props.shared_memory_per_block_optin < static_cast<int64_t>(kSmemBytes)) {
+    st.why_not = "the device gives a block " + std::to_string(props.shared_memory_per_block_optin) +
+                 " bytes of shared memory; the kernel needs " + std::to_string(kSmemBytes);
+  } else {
     int previous = 0;
     EMBER_CUDA_CHECK(cudaGetDevice(&previous));
     EMBER_CUDA_CHECK(cudaSetDevice(device));
@@ -122,12 +135,20 @@ const DeviceState& probe_device(int device) {
     EMBER_CUDA_CHECK(cudaMallocHost(&flag, sizeof(int)));
     *flag = 0;
     wgmma_probe_kernel<<<1, 1>>>(flag);
-    // A build without code for this device fails the launch (no kernel image): that is a "no", not an error.
+    // A build without code for this device fails the launch (no kernel image): that is a "no", not an error. Any
+    // other failure is named in why_not, so that a test that skips says what went wrong.
     const cudaError_t launch = cudaGetLastError();
-    bool ok = launch == cudaSuccess && cudaDeviceSynchronize() == cudaSuccess && *flag == 1;
+    const cudaError_t sync = launch == cudaSuccess ? cudaDeviceSynchronize() : launch;
     (void)cudaGetLastError();
+    bool ok = sync == cudaSuccess && *flag == 1;
+    if (sync == cudaErrorNoKernelImageForDevice || (sync == cudaSuccess && *flag != 1))
+      st.why_not = "this build has no sm_90a code (CMAKE_CUDA_ARCHITECTURES 90a; a plain 90 build lacks wgmma)";
+    else if (sync != cudaSuccess)
+      st.why_not = std::string("the probe kernel failed: ") + cudaGetErrorName(sync) + " (" +
+                   cudaGetErrorString(sync) + ")";
     EMBER_CUDA_CHECK(cudaFreeHost(flag));
-    ok = ok && prepare_layout<false, false>() && prepare_layout<false, true>() && prepare_layout<true, false>();
+    ok = ok && prepare_layout<false, false>(st.why_not) && prepare_layout<false, true>(st.why_not) &&
+         prepare_layout<true, false>(st.why_not);
     if (ok) {
       st.clusters_128 = max_active_clusters<128>();
       st.clusters_256 = max_active_clusters<256>();
@@ -135,7 +156,7 @@ const DeviceState& probe_device(int device) {
     st.ok = ok ? 1 : 0;
     EMBER_CUDA_CHECK(cudaSetDevice(previous));
   }
-  if (device >= static_cast<int>(state.size())) state.resize(static_cast<size_t>(device) + 1);
+  while (device >= static_cast<int>(state.size())) state.emplace_back();
   state[static_cast<size_t>(device)] = st;
   return state[static_cast<size_t>(device)];
 }
@@ -176,6 +197,8 @@ bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0;
 }  // namespace
 
 bool wgmma_gemm_supported(int device) { return probe_device(device).ok == 1; }
+
+std::string wgmma_gemm_unsupported_reason(int device) { return probe_device(device).why_not; }
 
 int wgmma_max_clusters(int device) {
   const DeviceState& st = probe_device(device);

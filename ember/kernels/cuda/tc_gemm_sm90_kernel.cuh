@@ -79,8 +79,9 @@ namespace ember::cuda::sm90 {
 // columns 8j + 2 (l % 4) + 0..1, and d[4j + 2..3] at row 16w + l / 4 + 8, same columns — mma.sync's C layout per
 // warp, repeated over N.
 //
-// Registers: __launch_bounds__(384, 1) caps ptxas at 168 per thread; setmaxnreg moves the producer to 40 and the
-// consumers to 232 (40 * 128 + 232 * 256 = 64512 = 168 * 384). setmaxnreg.inc waits until the block's pool has the
+// Registers: __launch_bounds__(384, 1) caps ptxas at 168 per thread; setmaxnreg moves the producer to 56 and the
+// consumers to 224 (56 * 128 + 224 * 256 = 64512 = 168 * 384; the consumers need at most 157, and at 40 the
+// producer of the widest M-major kernel spilled). setmaxnreg.inc waits until the block's pool has the
 // registers, so a kernel compiled to fewer than 168 would hang its consumers: the launcher reads the kernels' register
 // counts and keeps the kernel off (wgmma_gemm_supported false) unless every one is 168.
 constexpr int kBlockM = 128, kBlockK = 64, kGroupM = 8;
@@ -160,7 +161,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
 
   if (wg == 0) {  // producer
-    setmaxnreg_dec<40>();
+    setmaxnreg_dec<56>();
     if (t == 0) {
       int64_t it = 0;  // k tiles loaded so far, over every tile of this block
       for (int64_t tile = first_tile; tile < p.tiles; tile += tile_step) {
@@ -170,8 +171,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         for (int kt = 0; kt < k_tiles; ++kt, ++it) {
           const int s = static_cast<int>(it % kStages);
           if (it >= kStages) {
-            while (!mbar_try_wait(&empty[s], static_cast<unsigned>(it / kStages - 1) & 1u)) {
-            }
+            mbar_wait(&empty[s], static_cast<unsigned>(it / kStages - 1) & 1u);
           }
           mbar_arrive_expect_tx(&full[s], kStageBytes);
           if constexpr (kAMajorM) {  // two boxes of 64 M columns x 64 K rows
@@ -195,7 +195,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
     }
   } else {  // consumers
-    setmaxnreg_inc<232>();
+    setmaxnreg_inc<224>();
     const int c = wg - 1;
     const int warp = t / 32, lane = t % 32;
     // Stage s is read: one arrival on its empty barrier in every block of the cluster (their producers write it).
@@ -215,8 +215,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       wgmma_fence_operand(d);
       for (int kt = 0; kt < k_tiles; ++kt, ++it) {
         const int s = static_cast<int>(it % kStages);
-        while (!mbar_try_wait(&full[s], static_cast<unsigned>(it / kStages) & 1u)) {
-        }
+        mbar_wait(&full[s], static_cast<unsigned>(it / kStages) & 1u);
         const unsigned char* a = stage_a(s) + c * (64 * 128);
         const unsigned char* b = stage_b(s);
         wgmma_fence();

@@ -78,6 +78,25 @@ __device__ __forceinline__ bool mbar_try_wait(uint64_t* bar, unsigned parity) {
 #endif
 }
 
+// Waits for the phase of parity `parity` of bar. A wait of more than kMbarHangNs (no pipeline stage takes more than
+// microseconds, even under compute-sanitizer) means the phase will never come, a kernel bug: it traps, so the launch
+// fails in seconds with cudaErrorLaunchFailure where a spin would hold the GPU until the test's timeout.
+constexpr uint64_t kMbarHangNs = uint64_t{20} * 1000 * 1000 * 1000;
+__device__ __forceinline__ uint64_t global_timer_ns() {
+  uint64_t t = 0;
+#if defined(EMBER_HAS_WGMMA)
+  asm volatile("mov.u64 %0, %%globaltimer;\n" : "=l"(t));
+#endif
+  return t;
+}
+__device__ __forceinline__ void mbar_wait(uint64_t* bar, unsigned parity) {
+  if (mbar_try_wait(bar, parity)) return;
+  const uint64_t start = global_timer_ns();
+  while (!mbar_try_wait(bar, parity)) {
+    if (global_timer_ns() - start > kMbarHangNs) __trap();
+  }
+}
+
 // The box of `map` at coordinates (c0 innermost, c1, c2) into shared memory at dst; completes `bytes` (the whole box,
 // out-of-range elements zero-filled) on bar.
 __device__ __forceinline__ void tma_load_3d(void* dst, const TmaDescriptor* map, int c0, int c1, int c2,
@@ -121,13 +140,15 @@ __device__ __forceinline__ void cluster_sync() {
 #endif
 }
 
-// One arrival on the mbarrier at bar's offset in block `rank` of the cluster (this block's own included), with release
-// semantics at cluster scope: this thread's earlier reads of the stage happen before the other block reuses it.
+// One arrival on the mbarrier at bar's offset in block `rank` of the cluster (this block's own included). The
+// default semantics (release at CTA scope) suffice: what the arrival orders is the stage's reads by wgmma, complete at
+// the thread's wgmma_wait, before the other block's TMA writes, which wait for the phase. The .release.cluster form
+// compiled to a GPU-scope MEMBAR before every arrival, which also waited for the thread's epilogue stores.
 __device__ __forceinline__ void mbar_arrive_cluster(uint64_t* bar, unsigned rank) {
 #if defined(EMBER_HAS_WGMMA)
   asm volatile(
       "{\n.reg .b32 remote;\nmapa.shared::cluster.u32 remote, %0, %1;\n"
-      "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [remote];\n}\n" ::"r"(smem_u32(bar)),
+      "mbarrier.arrive.shared::cluster.b64 _, [remote];\n}\n" ::"r"(smem_u32(bar)),
       "r"(rank)
       : "memory");
 #endif
