@@ -34,16 +34,19 @@ EMBER_HD_INLINE float bits_float(uint32_t u) {
 // On the GPU a float <-> f16 conversion is one instruction (cvt.rn.f16.f32, cvt.f32.f16), where the portable code
 // below takes about fifteen integer operations each way: on an H100, GPT-2 trained 20% slower under autocast-fp16
 // than under autocast-bf16 (whose conversions are shifts). Both round to nearest even, overflow to inf and keep
-// subnormals (no .ftz), so they give the same bits for every non-NaN value; a NaN takes the portable code, whose
-// payload rule (quiet bit set, sign kept) the instruction does not follow. So the device and the CPU agree bit for bit.
+// subnormals (no .ftz), so they give the same bits for every non-NaN value; a NaN's bits are the portable code's
+// (float -> f16: sign kept, quiet, payload dropped; f16 -> float: payload kept), which the instruction does not follow,
+// chosen by a select after the instruction rather than by a branch to the portable code (a branch around fifteen
+// operations the compiler cannot predicate, in every f16 kernel's inner loop). So the device and the CPU agree bit for
+// bit.
 EMBER_HD_INLINE uint16_t float_to_half_bits(float f) {
 #if defined(__CUDA_ARCH__)
-  if (f == f) {
-    unsigned short h;
-    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
-    return h;
-  }
-#endif
+  unsigned short h;
+  asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
+  // A NaN gets the portable code's quiet NaN with the sign kept: a select, not a branch.
+  const uint16_t nan_bits = static_cast<uint16_t>(((__float_as_uint(f) >> 16) & 0x8000u) | 0x7e00u);
+  return f == f ? static_cast<uint16_t>(h) : nan_bits;
+#else
   uint32_t x = float_bits(f);
   const uint32_t sign = (x >> 16) & 0x8000u;
   x &= 0x7fffffffu;
@@ -58,16 +61,18 @@ EMBER_HD_INLINE uint16_t float_to_half_bits(float f) {
   const uint32_t odd = (x >> 13) & 1u;
   x += 0xc8000fffu + odd;  // rebias exponent (127 -> 15) and round to nearest even
   return static_cast<uint16_t>(sign | (x >> 13));
+#endif
 }
 
 EMBER_HD_INLINE float half_bits_to_float(uint16_t h) {
 #if defined(__CUDA_ARCH__)
-  if ((h & 0x7c00u) != 0x7c00u || (h & 0x3ffu) == 0) {  // not a NaN: Note [Half conversions on the device]
-    float f;
-    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
-    return f;
-  }
-#endif
+  float f;
+  asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+  // A NaN keeps its payload, as in the portable code: a select, not a branch.
+  const uint32_t nan_bits = (static_cast<uint32_t>(h & 0x8000u) << 16) | 0x7f800000u | ((h & 0x3ffu) << 13);
+  const bool is_nan = (h & 0x7c00u) == 0x7c00u && (h & 0x3ffu) != 0;
+  return is_nan ? __uint_as_float(nan_bits) : f;
+#else
   const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
   const uint32_t exp = (h >> 10) & 0x1fu;
   const uint32_t mant = h & 0x3ffu;
@@ -77,6 +82,7 @@ EMBER_HD_INLINE float half_bits_to_float(uint16_t h) {
   }
   if (exp == 31) return bits_float(sign | 0x7f800000u | (mant << 13));
   return bits_float(sign | ((exp + 112u) << 23) | (mant << 13));
+#endif
 }
 
 EMBER_HD_INLINE uint16_t float_to_bf16_bits(float f) {

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <string>
 #include <vector>
@@ -183,6 +184,71 @@ TEST_P(CastKernelTest, UniformDrawsInHalfTypesStayBelowHigh) {
     EXPECT_GE(*std::min_element(w.begin(), w.end()), -1.5f);
   }
   g.set_state(saved);
+}
+
+// Note [Half conversions on the device] (ember/core/half.h): the GPU converts by instruction and the CPU by integer
+// code; both give the same bits for every f16 pattern read and every float written, NaN payloads included. Each
+// direction through the dense kernel (contiguous, aligned) and the generic one (a view one element in).
+TEST_P(CastKernelTest, HalfConversionsGiveTheSameBitsOnEveryDevice) {
+  auto float_bits = [](float f) {
+    uint32_t u;
+    std::memcpy(&u, &f, sizeof u);
+    return u;
+  };
+  auto bits_float = [](uint32_t u) {
+    float f;
+    std::memcpy(&f, &u, sizeof f);
+    return f;
+  };
+  // f16 -> f32: every pattern, after one pad element.
+  std::vector<Half> halves(65537);
+  for (uint32_t b = 0; b < 65536; ++b) halves[b + 1] = Half::from_bits(static_cast<uint16_t>(b));
+  const Tensor h = from_vector(halves, {65537}).to(device());
+  for (const Tensor& src : {h.narrow(0, 1, 65536).contiguous(), h.narrow(0, 1, 65536)}) {
+    const std::vector<float> got = src.to(DType::f32).to_vector<float>();
+    int mismatches = 0;
+    for (uint32_t b = 0; b < 65536; ++b) {
+      const uint32_t want = float_bits(static_cast<float>(Half::from_bits(static_cast<uint16_t>(b))));
+      if (float_bits(got[b]) != want && ++mismatches <= 5) ADD_FAILURE() << "f16 bits 0x" << std::hex << b;
+    }
+    EXPECT_EQ(mismatches, 0);
+  }
+  // f32 -> f16: every f16 value, the midpoints between neighbours (ties to even) and a quarter ULP either side of
+  // them, NaNs with payloads and signs, and random bit patterns.
+  std::vector<float> floats = {0.0f};  // pad
+  for (uint32_t b = 0; b < 65536; b += 1) {
+    const float v = static_cast<float>(Half::from_bits(static_cast<uint16_t>(b)));
+    const float next = static_cast<float>(Half::from_bits(static_cast<uint16_t>(b + 1)));
+    floats.push_back(v);
+    if (std::isfinite(v) && std::isfinite(next) && (b & 0x7fffu) != 0x7fffu) {
+      const double mid = (static_cast<double>(v) + next) / 2, quarter = (static_cast<double>(next) - v) / 4;
+      floats.push_back(static_cast<float>(mid));
+      floats.push_back(static_cast<float>(mid - quarter));
+      floats.push_back(static_cast<float>(mid + quarter));
+    }
+  }
+  for (uint32_t payload : {0x400000u, 0x000001u, 0x7fffffu, 0x2aaaaau})
+    for (uint32_t sign : {0u, 0x80000000u}) floats.push_back(bits_float(sign | 0x7f800000u | payload));
+  for (float f : {65504.0f, 65519.99f, 65520.0f, 1e30f, 5.96e-8f, 2.98e-8f, 2.99e-8f, 1e-45f})
+    for (float s : {1.0f, -1.0f}) floats.push_back(s * f);
+  uint64_t state = 0x9e3779b97f4a7c15ull;
+  for (int i = 0; i < 65536; ++i) {
+    state = state * 6364136223846793005ull + 1442695040888963407ull;
+    floats.push_back(bits_float(static_cast<uint32_t>(state >> 32)));
+  }
+  const int64_t n = static_cast<int64_t>(floats.size()) - 1;
+  const Tensor f = from_vector(floats, {n + 1}).to(device());
+  for (const Tensor& src : {f.narrow(0, 1, n).contiguous(), f.narrow(0, 1, n)}) {
+    const std::vector<Half> got = src.to(DType::f16).to_vector<Half>();
+    int mismatches = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      const uint16_t want = Half(floats[i + 1]).bits;
+      if (got[i].bits != want && ++mismatches <= 5)
+        ADD_FAILURE() << "float bits 0x" << std::hex << float_bits(floats[i + 1]) << ": 0x" << got[i].bits
+                      << " against 0x" << want;
+    }
+    EXPECT_EQ(mismatches, 0);
+  }
 }
 
 EMBER_INSTANTIATE_DEVICE_TESTS(CastKernelTest);
