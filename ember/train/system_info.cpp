@@ -81,6 +81,14 @@ SystemInfo system_info() {
   s.build.nccl = dist::detail::nccl_version();
   s.build.zlib = data::gzip_supported();
   s.build.compiler = compiler_text();
+  // cmake/EmberCpuIsa.cmake's flags, as the compiler saw them.
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512DQ__) && defined(__AVX512VL__)
+  s.build.cpu_isa = "avx512";
+#elif defined(__AVX2__) && defined(__FMA__)
+  s.build.cpu_isa = "avx2";
+#else
+  s.build.cpu_isa = "sse";
+#endif
 #if defined(NDEBUG)
   s.build.build_type = "release";
 #else
@@ -153,7 +161,8 @@ std::string SystemInfo::to_json() const {
                 {"nccl", text_or_null(build.nccl)},
                 {"zlib", build.zlib},
                 {"compiler", build.compiler},
-                {"build_type", build.build_type}};
+                {"build_type", build.build_type},
+                {"cpu_isa", build.cpu_isa}};
   j["cpu"] = {{"cores", cpu.cores},
               {"memory_total_bytes", cpu.memory_total_bytes},
               {"memory_available_bytes", cpu.memory_available_bytes}};
@@ -178,7 +187,8 @@ std::string SystemInfo::to_json() const {
 
 std::string SystemInfo::to_string() const {
   std::ostringstream os;
-  os << "ember " << build.version << " (" << build.build_type << ", " << build.compiler << ")\n";
+  os << "ember " << build.version << " (" << build.build_type << ", " << build.compiler << ", CPU ISA "
+     << build.cpu_isa << ")\n";
   os << "build: CUDA " << (build.cuda ? "on" : "off");
   if (build.cuda) {
     os << " (runtime " << (build.cuda_runtime.empty() ? "unknown" : build.cuda_runtime) << ", driver "

@@ -25,6 +25,7 @@ struct BuildInfo {
   bool zlib = false;         // MNIST .gz files are read
   std::string compiler;      // "GCC 12.2.0"
   std::string build_type;    // "release" (NDEBUG) or "debug"
+  std::string cpu_isa;       // the vector ISA the C++ code was compiled for: "avx512", "avx2" or "sse" (EMBER_CPU_ISA)
 };
 
 struct CpuInfo {

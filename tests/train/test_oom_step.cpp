@@ -6,7 +6,6 @@
 // when its backward measurement runs out of memory: every leaf keeps its .grad and hooks.
 #include <gtest/gtest.h>
 
-#include <algorithm>
 #include <cmath>
 #include <limits>
 
@@ -175,21 +174,14 @@ TEST_F(OomStep, RunnerOptionRecoversAndMatchesTheUnboundedRun) {
   EXPECT_LT(split.micro_batch, 4096) << "the run reports the micro-batch size the OOMs left";
   EXPECT_LE(split.peak_reserved_bytes, 64 * kMiB);
   // Micro-batches sum each gradient in another order. AdamW's first updates are nearly lr x sign(g) (lr 1e-3 here),
-  // so where a gradient is near zero a last-bit difference moves the weight by a good part of lr: how many such
-  // weights there are depends on the GEMM's blocking, i.e. on the machine's caches (on one machine 736 of the 1.86M
-  // weights beyond 1e-5, the largest 1.2e-4). A lost or doubled micro-batch changes the direction of the summed
-  // gradients and so flips the sign of many updates (2 lr each): a few in ten thousand beyond 1% of lr, none beyond
-  // half of lr, holds for the first and fails for the second.
+  // so where a gradient is near zero a last-bit difference moves the weight by up to 2 lr a step: how many such
+  // weights there are depends on the GEMM's blocking, i.e. on the ISA and the machine's caches. Of the 1.86M
+  // weights, beyond 10% of lr: 1 in an AVX2 build, 48 in an AVX-512 one (the largest 4.5e-4 there). A lost micro-batch
+  // changes the direction of the summed gradients: 1.53M beyond it. So: at most 0.1% of the weights beyond 10% of lr.
   ASSERT_EQ(got.size(), ref.size());
   size_t beyond = 0;
-  double largest = 0;
-  for (size_t i = 0; i < got.size(); ++i) {
-    const double d = std::abs(static_cast<double>(got[i]) - ref[i]);
-    beyond += d > 1e-5;
-    largest = std::max(largest, d);
-  }
-  EXPECT_LE(beyond, got.size() / 500) << "weights more than 1e-5 (1% of lr) from the unbounded run's";
-  EXPECT_LT(largest, 5e-4) << "half of lr";
+  for (size_t i = 0; i < got.size(); ++i) beyond += std::abs(static_cast<double>(got[i]) - ref[i]) > 1e-4;
+  EXPECT_LE(beyond, got.size() / 1000) << "weights more than 1e-4 (10% of lr) from the unbounded run's";
   train::RunResult failed;
   EXPECT_THROW(run(64 * kMiB, false, &failed), OutOfMemoryError) << "without the option the same run fails";
 }
