@@ -332,29 +332,33 @@ TEST_P(MaxPool2dBackwardTest, HandCheckedOverlappingWindows) {
   }
 }
 
-// The 2x2 / stride-2 pool writes each plane cell by cell (Note [Max-pool backward by cells]): odd sizes leave a row
-// and a column no cell covers (they get 0); a plane whose indices leave their cells (here two outputs share an input)
-// is scattered instead; a -0 gradient lands as +0, as the scatter-add into zeros gives it.
+// The 2x2 / stride-2 pool writes each plane cell by cell (Note [Max-pool backward by cells]), or, where the cells
+// cover the plane exactly, in one loop over the plane (Note [Max-pool backward by planes]): odd sizes leave a row and a
+// column no cell covers (they get 0); a plane whose indices leave their cells (here two outputs share an input) is
+// scattered instead; a -0 gradient lands as +0, as the scatter-add into zeros gives it.
 TEST_P(MaxPool2dBackwardTest, CellWritesAgreeWithTheScatterAdd) {
   EMBER_REQUIRE_KERNEL(max_pool2d_backward_stub);
   EMBER_REQUIRE_KERNEL(max_pool2d_stub);
-  const Shape xs{2, 3, 7, 9};
-  const Pool2dParams p = pool_params(2, 2, 2, 2, 0, 0);
-  std::vector<int64_t> iv = ops::max_pool2d_with_indices(rand_input(xs), p).indices.to_vector<int64_t>();
-  const int64_t per = 3 * 4;  // outputs per plane
-  iv[at(4 * per + 5)] = iv[at(4 * per + 6)];  // plane 4: outputs 5 and 6 share an input
-  std::vector<double> gv = rand_input({2, 3, 3, 4}).to_vector<double>();
-  gv[0] = -0.0;
-  const Tensor indices = from_vector(iv, {2, 3, 3, 4}).to(device());
-  for (DType dt : {DType::f64, DType::f32, DType::f16, DType::bf16}) {
-    SCOPED_TRACE(dtype_name(dt));
-    const Tensor go = from_vector(gv, {2, 3, 3, 4}).to(device()).to(dt);
-    const Tensor gi = ops::max_pool2d_backward(go, indices, xs);
-    const std::vector<double> got = gi.to_vector<double>(),
-                              want = max_pool_backward_ref(go, indices, xs).to(dt).to_vector<double>();
-    ASSERT_EQ(got.size(), want.size());
-    for (size_t k = 0; k < got.size(); ++k) EXPECT_EQ(got[k], want[k]) << "element " << k;  // one rounding each
-    if (device().is_cpu()) EXPECT_FALSE(std::signbit(got[at(iv[0])])) << "-0 gradient";
+  for (const Shape& xs : {Shape{2, 3, 7, 9}, Shape{2, 3, 6, 8}}) {
+    SCOPED_TRACE(shape_str(xs));
+    const Pool2dParams p = pool_params(2, 2, 2, 2, 0, 0);
+    const Shape os{2, 3, xs[2] / 2, xs[3] / 2};
+    std::vector<int64_t> iv = ops::max_pool2d_with_indices(rand_input(xs), p).indices.to_vector<int64_t>();
+    const int64_t per = os[2] * os[3];          // outputs per plane
+    iv[at(4 * per + 5)] = iv[at(4 * per + 6)];  // plane 4: outputs 5 and 6 share an input
+    std::vector<double> gv = rand_input(os).to_vector<double>();
+    gv[0] = -0.0;
+    const Tensor indices = from_vector(iv, os).to(device());
+    for (DType dt : {DType::f64, DType::f32, DType::f16, DType::bf16}) {
+      SCOPED_TRACE(dtype_name(dt));
+      const Tensor go = from_vector(gv, os).to(device()).to(dt);
+      const Tensor gi = ops::max_pool2d_backward(go, indices, xs);
+      const std::vector<double> got = gi.to_vector<double>(),
+                                want = max_pool_backward_ref(go, indices, xs).to(dt).to_vector<double>();
+      ASSERT_EQ(got.size(), want.size());
+      for (size_t k = 0; k < got.size(); ++k) EXPECT_EQ(got[k], want[k]) << "element " << k;  // one rounding each
+      if (device().is_cpu()) EXPECT_FALSE(std::signbit(got[at(iv[0])])) << "-0 gradient";
+    }
   }
 }
 

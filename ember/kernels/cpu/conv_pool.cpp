@@ -3,6 +3,7 @@
 // and each output element is rounded once when stored. Every workspace byte comes from the host allocator.
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <limits>
 #include <type_traits>
 #include <vector>
@@ -150,6 +151,33 @@ void max2x2_row(const scalar_t* __restrict r0, const scalar_t* __restrict r1, in
   }
 }
 
+// The same over a whole plane the pool covers exactly (h = 2 oh, w = 2 ow, rows of x contiguous), as one loop over its
+// oh * ow outputs: corner[j] is output j's top-left input element (a table shared by all planes). A row of the MNIST
+// CNN's pool has 12 outputs, fewer than one 16-lane AVX-512 vector, so max2x2_row ran its scalar remainder only
+// (3.9 ns an output); the plane's loop vectorises with gathers. Same comparisons in the same order.
+template <class acc_t, bool kIndices, class scalar_t>
+void max2x2_plane(const scalar_t* __restrict x, const int32_t* __restrict corner, int64_t outputs, int64_t w,
+                  scalar_t* __restrict out, int64_t* __restrict idx) {
+  for (int64_t j = 0; j < outputs; ++j) {
+    const int64_t c = corner[j];
+    const acc_t v0 = static_cast<acc_t>(x[c]), v1 = static_cast<acc_t>(x[c + 1]);
+    const acc_t v2 = static_cast<acc_t>(x[c + w]), v3 = static_cast<acc_t>(x[c + w + 1]);
+    acc_t best = v0;
+    int64_t at = 0;
+    bool take = v1 > best || v1 != v1;
+    best = take ? v1 : best;
+    at = take ? 1 : at;
+    take = v2 > best || v2 != v2;
+    best = take ? v2 : best;
+    at = take ? w : at;
+    take = v3 > best || v3 != v3;
+    best = take ? v3 : best;
+    at = take ? w + 1 : at;
+    out[j] = scalar_t(best);
+    if constexpr (kIndices) idx[j] = c + at;
+  }
+}
+
 void max_pool2d_kernel(const Tensor& x, const Pool2dParams& p, const Tensor& out, const Tensor& indices) {
   EMBER_DISPATCH_FLOAT(x.dtype(), "max_pool2d", [&] {
     using acc_t = op_math_t<scalar_t>;
@@ -160,7 +188,19 @@ void max_pool2d_kernel(const Tensor& x, const Pool2dParams& p, const Tensor& out
     // The 2x2 / stride 2 / no padding pool of most CNNs over unit-stride rows: windows without bounds arithmetic.
     const bool two_by_two = p.kernel[0] == 2 && p.kernel[1] == 2 && p.stride[0] == 2 && p.stride[1] == 2 &&
                             p.padding[0] == 0 && p.padding[1] == 0 && xs3 == 1 && 2 * oh <= h && 2 * ow <= w;
+    // max2x2_plane's corners, when the pool covers the plane exactly and its rows are contiguous.
+    const bool by_planes = two_by_two && 2 * oh == h && 2 * ow == w && xs2 == w && h * w <= (int64_t{1} << 30);
+    std::vector<int32_t> corner(by_planes ? oh * ow : 0);
+    for (int64_t j = 0; j < static_cast<int64_t>(corner.size()); ++j)
+      corner[j] = static_cast<int32_t>(2 * (j / ow) * w + 2 * (j % ow));
     for_each_plane<scalar_t>(x, out, [&](const scalar_t* xc, int64_t base) {
+      if (by_planes) {
+        if (ip)
+          max2x2_plane<acc_t, true>(xc, corner.data(), oh * ow, w, op + base, ip + base);
+        else
+          max2x2_plane<acc_t, false>(xc, corner.data(), oh * ow, w, op + base, nullptr);
+        return;
+      }
       if (two_by_two) {
         for (int64_t y = 0; y < oh; ++y) {
           const scalar_t* r0 = xc + 2 * y * xs2;
