@@ -125,6 +125,24 @@ void for_each_plane(const Tensor& x, const Tensor& out, F&& f) {
                          });
 }
 
+// The maximum of a 2x2 cell (v0 v1 / v2 v3, rows w apart) in max_pool2d_kernel's order — row by row, NaN wins, the
+// last NaN's index — and at, its offset from the cell's corner (0, 1, w or w + 1). Selects, not jumps.
+template <class acc_t>
+inline acc_t max2x2(acc_t v0, acc_t v1, acc_t v2, acc_t v3, int64_t w, int64_t& at) {
+  acc_t best = v0;
+  at = 0;
+  bool take = v1 > best || v1 != v1;
+  best = take ? v1 : best;
+  at = take ? 1 : at;
+  take = v2 > best || v2 != v2;
+  best = take ? v2 : best;
+  at = take ? w : at;
+  take = v3 > best || v3 != v3;
+  best = take ? v3 : best;
+  at = take ? w + 1 : at;
+  return best;
+}
+
 // One output row of a 2x2 max pool with stride 2 and no padding over the input rows r0 and r1 (unit column stride),
 // in max_pool2d_kernel's order: row by row, NaN wins, the last NaN's index. base = the flat index of r0[0] in its
 // plane, w the plane's width. Branch-free (selects instead of jumps), so the compiler vectorises it: with branches,
@@ -133,19 +151,9 @@ template <class acc_t, bool kIndices, class scalar_t>
 void max2x2_row(const scalar_t* __restrict r0, const scalar_t* __restrict r1, int64_t ow, int64_t base, int64_t w,
                 scalar_t* __restrict out, int64_t* __restrict idx) {
   for (int64_t z = 0; z < ow; ++z) {
-    const acc_t v0 = static_cast<acc_t>(r0[2 * z]), v1 = static_cast<acc_t>(r0[2 * z + 1]);
-    const acc_t v2 = static_cast<acc_t>(r1[2 * z]), v3 = static_cast<acc_t>(r1[2 * z + 1]);
-    acc_t best = v0;
-    int64_t at = 0;
-    bool take = v1 > best || v1 != v1;
-    best = take ? v1 : best;
-    at = take ? 1 : at;
-    take = v2 > best || v2 != v2;
-    best = take ? v2 : best;
-    at = take ? w : at;
-    take = v3 > best || v3 != v3;
-    best = take ? v3 : best;
-    at = take ? w + 1 : at;
+    int64_t at;
+    const acc_t best = max2x2(static_cast<acc_t>(r0[2 * z]), static_cast<acc_t>(r0[2 * z + 1]),
+                              static_cast<acc_t>(r1[2 * z]), static_cast<acc_t>(r1[2 * z + 1]), w, at);
     out[z] = scalar_t(best);
     if constexpr (kIndices) idx[z] = base + 2 * z + at;
   }
@@ -160,19 +168,9 @@ void max2x2_plane(const scalar_t* __restrict x, const int32_t* __restrict corner
                   scalar_t* __restrict out, int64_t* __restrict idx) {
   for (int64_t j = 0; j < outputs; ++j) {
     const int64_t c = corner[j];
-    const acc_t v0 = static_cast<acc_t>(x[c]), v1 = static_cast<acc_t>(x[c + 1]);
-    const acc_t v2 = static_cast<acc_t>(x[c + w]), v3 = static_cast<acc_t>(x[c + w + 1]);
-    acc_t best = v0;
-    int64_t at = 0;
-    bool take = v1 > best || v1 != v1;
-    best = take ? v1 : best;
-    at = take ? 1 : at;
-    take = v2 > best || v2 != v2;
-    best = take ? v2 : best;
-    at = take ? w : at;
-    take = v3 > best || v3 != v3;
-    best = take ? v3 : best;
-    at = take ? w + 1 : at;
+    int64_t at;
+    const acc_t best = max2x2(static_cast<acc_t>(x[c]), static_cast<acc_t>(x[c + 1]), static_cast<acc_t>(x[c + w]),
+                              static_cast<acc_t>(x[c + w + 1]), w, at);
     out[j] = scalar_t(best);
     if constexpr (kIndices) idx[j] = c + at;
   }
