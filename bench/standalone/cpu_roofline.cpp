@@ -1,7 +1,7 @@
 // The CPU kernels of the three `ember bench train` configurations (mlp, cnn, gpt) against the ceilings of the
 // machine they run on, measured in the same run at each thread count — a roofline:
 //   - peak: the f32 multiply-add rate of a loop of independent fused multiply-adds in registers (the ISA the build
-//     targets: 8-wide FMA under AVX2+FMA), all threads busy;
+//     targets: 16-wide FMA under AVX-512, 8-wide under AVX2+FMA), all threads busy;
 //   - bandwidth: the better of a copy loop and an in-place update loop (regular stores, the kernels' kind) over the
 //     kernel's own footprint (the distinct bytes it touches), so a kernel whose operands fit in a cache is held to
 //     that cache's rate, not to DRAM's. Near a cache's capacity the loops and a kernel with more operand streams
@@ -65,7 +65,25 @@ double median_seconds(const std::function<void()>& fn, bool best = false) {
 
 constexpr int kAccumulators = 12;  // independent chains: > FMA latency x FMA ports (4 x 2 on current x86 cores)
 
-#if defined(__AVX__) && defined(__FMA__)
+#if defined(__AVX512F__)
+// The build's widest FMA (Note [AVX-512 builds] in cmake/EmberCpuIsa.cmake): Eigen's GEMM runs 16 lanes there, so
+// the 8-lane ceiling would put it above 100% of its roof.
+const char* const kPeakIsa = "AVX-512F FMA, 16 f32 lanes";
+float fma_chains(int64_t iterations, float seed) {
+  __m512 acc[kAccumulators];
+  for (int i = 0; i < kAccumulators; ++i) acc[i] = _mm512_set1_ps(seed + static_cast<float>(i));
+  const __m512 m = _mm512_set1_ps(0.999999f), a = _mm512_set1_ps(1e-7f);
+  for (int64_t it = 0; it < iterations; ++it)
+    for (int i = 0; i < kAccumulators; ++i) acc[i] = _mm512_fmadd_ps(acc[i], m, a);
+  __m512 s = acc[0];
+  for (int i = 1; i < kAccumulators; ++i) s = _mm512_add_ps(s, acc[i]);
+  float out[16];
+  _mm512_storeu_ps(out, s);
+  return out[0] + out[15];
+}
+constexpr int kLanes = 16;
+constexpr int kFlopsPerOp = 2;
+#elif defined(__AVX__) && defined(__FMA__)
 const char* const kPeakIsa = "AVX2+FMA, 8 f32 lanes";
 float fma_chains(int64_t iterations, float seed) {
   __m256 acc[kAccumulators];
