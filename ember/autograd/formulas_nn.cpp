@@ -101,7 +101,9 @@ Tensor cross_entropy_rows(const Tensor& logits, const Tensor& target, int64_t ig
     node->save(target);  // 1
     node->save(lse);     // 2
     node->formula = [ignore_index, smoothing](const BackwardContext& c, const TensorList& g) -> TensorList {
-      return {ops::cross_entropy_rows_backward(g[0], c.saved(0), c.saved(1), c.saved(2), ignore_index, smoothing)};
+      // The forward checked these targets (Note [Targets checked once] in kernels/ops_loss.cpp).
+      return {ops::cross_entropy_rows_backward(g[0], c.saved(0), c.saved(1), c.saved(2), ignore_index, smoothing,
+                                               ops::TargetValues::checked)};
     };
     node->set_outputs({&loss});
   }

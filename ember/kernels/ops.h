@@ -166,8 +166,12 @@ bool has_attention_kernel(Device device, DType dtype);
 // has_cross_entropy_kernel (meta included: a dry run allocates what a real one does).
 CrossEntropyResult cross_entropy_rows(const Tensor& logits, const Tensor& target, int64_t ignore_index,
                                       double smoothing);
+// Whether the backward checks the targets' values (a host copy: one device synchronisation on a GPU) or takes them as
+// checked (Note [Targets checked once]).
+enum class TargetValues { check, checked };
 Tensor cross_entropy_rows_backward(const Tensor& grad_loss, const Tensor& logits, const Tensor& target,
-                                   const Tensor& lse, int64_t ignore_index, double smoothing);
+                                   const Tensor& lse, int64_t ignore_index, double smoothing,
+                                   TargetValues values = TargetValues::check);
 bool has_cross_entropy_kernel(Device device);
 
 // ---- embedding ------------------------------------------------------------------------------------------------

@@ -17,8 +17,19 @@ namespace {
 
 DType accumulation_dtype(DType logits) { return is_reduced_float(logits) ? DType::f32 : logits; }
 
-// Checks logits [M, C] and target [M] of a fused cross-entropy op; returns the targets contiguous.
-Tensor check_rows(const char* op, const Tensor& logits, const Tensor& target, int64_t ignore_index, double smoothing) {
+// Note [Targets checked once]
+// The kernels read a row's target: the forward's gathers that logit, the CPU backward writes that element. So the
+// targets' values are checked on the host first (IndexError), which on a GPU copies them back and synchronises the
+// device. A training step would pay that twice, forward and backward, for the same targets; the autograd node calls
+// the backward with TargetValues::checked, since it passes the targets its forward checked, saved, and version-checked
+// on unpacking (an in-place write since the forward refuses the backward). Where unchecked targets still reach a
+// backward kernel (a saved-tensor hook returning other values), neither kernel leaves the row: the CUDA kernel only
+// compares the target with column indices, and the CPU kernel writes the target's element only when it is in [0, C).
+//
+// Checks logits [M, C] and target [M] of a fused cross-entropy op (the targets' values unless `values` is checked);
+// returns the targets contiguous.
+Tensor check_rows(const char* op, const Tensor& logits, const Tensor& target, int64_t ignore_index, double smoothing,
+                  TargetValues values = TargetValues::check) {
   EMBER_CHECK(logits.defined() && target.defined(), ValueError, op, ": logits and target must be defined");
   check_floating(op, logits);
   EMBER_CHECK(target.dtype() == DType::i64, DTypeError, op, ": target must hold i64 class indices, got ",
@@ -29,9 +40,9 @@ Tensor check_rows(const char* op, const Tensor& logits, const Tensor& target, in
   EMBER_CHECK(smoothing >= 0.0 && smoothing <= 1.0, ValueError, op, ": label smoothing must be in [0, 1], got ",
               smoothing);
   const Tensor t = target.contiguous();
-  if (!t.device().is_meta() && t.numel() > 0) {
+  if (values == TargetValues::check && !t.device().is_meta() && t.numel() > 0) {
     // Note [Target check] in nn/functional.cpp: the kernels index rows with these values, so they are checked here,
-    // on the host, once.
+    // on the host.
     const int64_t classes = logits.size(1);
     const std::vector<int64_t> values = t.to_vector<int64_t>();
     for (size_t i = 0; i < values.size(); ++i) {
@@ -67,9 +78,9 @@ CrossEntropyResult cross_entropy_rows(const Tensor& logits, const Tensor& target
 }
 
 Tensor cross_entropy_rows_backward(const Tensor& grad_loss, const Tensor& logits, const Tensor& target,
-                                   const Tensor& lse, int64_t ignore_index, double smoothing) {
+                                   const Tensor& lse, int64_t ignore_index, double smoothing, TargetValues values) {
   const char* op = "cross_entropy_rows_backward";
-  const Tensor t = check_rows(op, logits, target, ignore_index, smoothing);
+  const Tensor t = check_rows(op, logits, target, ignore_index, smoothing, values);
   common_device(op, {&grad_loss, &logits, &lse});
   const DType acc = accumulation_dtype(logits.dtype());
   EMBER_CHECK(grad_loss.sizes() == Shape{logits.size(0)} && lse.sizes() == Shape{logits.size(0)}, ShapeError, op,

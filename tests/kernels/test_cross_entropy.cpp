@@ -225,6 +225,38 @@ TEST_P(CrossEntropyTest, Errors) {
       [&] { (void)ops::cross_entropy_rows_backward(r.loss, x, t, r.lse.to(DType::f64), -100, 0.0); });
 }
 
+// Note [Targets checked once]: the autograd node's backward takes its targets as checked. Targets outside [0, C)
+// passed that way (a saved-tensor hook gone wrong) must not take a kernel outside its row: such a row's gradient is
+// grad * softmax, as for a target that matches no class (the sanitizer build checks the memory).
+TEST_P(CrossEntropyTest, BackwardOfCheckedTargetsStaysInsideTheRows) {
+  EMBER_REQUIRE_KERNEL(cross_entropy_backward_stub);
+  const int64_t M = 3, C = 8;  // C a multiple of every pack width, so the CUDA kernel takes its packed path too
+  const Tensor x = rand_input({M, C}, -2.0, 2.0).to(DType::f32).to(device());
+  const Tensor good = from_vector(std::vector<int64_t>{1, 2, 3}, {M}).to(device());
+  const Tensor bad = from_vector(std::vector<int64_t>{1, C + 5, -7}, {M}).to(device());
+  const CrossEntropyResult r = ops::cross_entropy_rows(x, good, -100, 0.0);
+  const Tensor grad = full({M}, 0.5, {DType::f32, device()});
+  const Tensor g = ops::cross_entropy_rows_backward(grad, x, bad, r.lse, -100, 0.0, ops::TargetValues::checked);
+  const Tensor no_class = from_vector(std::vector<int64_t>{1, -1, -1}, {M});  // matches no class in rows 1 and 2
+  EXPECT_TRUE(allclose(g, naive_grad(grad, x, no_class, /*ignore=*/-100, 0.0), Tolerance{1e-5, 1e-6}));
+  // Unless told they were checked, the backward checks them.
+  EXPECT_NE(error_message<IndexError>([&] {
+              (void)ops::cross_entropy_rows_backward(grad, x, bad, r.lse, -100, 0.0);
+            }).find("target 13 at row 1"),
+            std::string::npos);
+}
+
+// What lets the node skip the check: its saved targets are version-checked, so targets written in place after the
+// forward refuse the backward instead of reaching the kernel unchecked.
+TEST_P(CrossEntropyTest, TargetsWrittenAfterTheForwardRefuseTheBackward) {
+  EMBER_REQUIRE_KERNEL(cross_entropy_backward_stub);
+  const Tensor x = rand_input({3, 5}, -2.0, 2.0).to(DType::f32).to(device()).requires_grad_(true);
+  Tensor target = from_vector(std::vector<int64_t>{0, 4, 2}, {3}).to(device());
+  Tensor loss = sum(cross_entropy_rows(x, target, -100, 0.0));
+  target.fill_(Scalar(int64_t{7}));
+  EXPECT_NE(error_message<ValueError>([&] { loss.backward(); }).find("modified"), std::string::npos);
+}
+
 EMBER_INSTANTIATE_DEVICE_TESTS(CrossEntropyTest);
 
 }  // namespace

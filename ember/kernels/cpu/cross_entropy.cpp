@@ -132,7 +132,8 @@ void backward_typed(const Tensor& grad_loss, const Tensor& logits, const Tensor&
       }
       const M g = static_cast<M>(pg[r]), l = static_cast<M>(pe[r]), u = uniform;
       for (int64_t j = 0; j < cols; ++j) out[j] = T(g * (exp_math<M>(static_cast<M>(row[j]) - l) - u));
-      out[t] = T(g * ((exp_math<M>(static_cast<M>(row[t]) - l) - u) - hit));
+      // In [0, C) unless the caller passed unchecked targets as checked (Note [Targets checked once]).
+      if (t >= 0 && t < cols) out[t] = T(g * ((exp_math<M>(static_cast<M>(row[t]) - l) - u) - hit));
     }
   });
 }
