@@ -291,6 +291,8 @@ std::vector<Case> make_cases() {
     Tensor x = randn({64, 64, 24, 24});
     MaxPoolResult mp = ops::max_pool2d_with_indices(x, {});
     cs.push_back({"cnn", "ReLU forward", "[64,64,24,24]", 0, 2 * nbytes({x}), [=] { sink = ops::relu(x); }});
+    Tensor y = x.clone();  // relu_ rewrites it: after the first pass it holds no negatives, which costs the same
+    cs.push_back({"cnn", "ReLU forward in place (relu_)", "[64,64,24,24]", 0, 2 * nbytes({y}), [=] { ops::relu_(y); }});
     cs.push_back({"cnn", "max pool 2x2 forward", "[64,64,24,24]", 0, nbytes({x, mp.out, mp.indices}),
                   [=] { sink = ops::max_pool2d_with_indices(x, {}).out; }});
     cs.push_back({"cnn", "max pool 2x2 backward", "[64,64,24,24]", 0, nbytes({mp.out, mp.indices, x}),

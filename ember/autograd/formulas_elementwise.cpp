@@ -224,6 +224,33 @@ EMBER_UNARY_FN(abs, Abs)
 #undef EMBER_UNARY_FN
 #undef EMBER_UNARY_FP32_FN
 
+// Note [In-place ReLU]
+// relu_(x) writes max(x, 0) into x's own storage, as PyTorch's relu_ / nn.ReLU(inplace=True): the forward then
+// holds one activation where relu holds two (its input until the next op drops it, and its output), and touches
+// x's bytes once instead of reading them and filling a fresh buffer. The checks of every in-place write come first
+// (Tensor::check_inplace_write): a leaf that requires grad, a view of a tensor with history, or a tracked tensor
+// whose storage something else shares — a view, or a backward node that saved it (exp's output, say) — is refused
+// with a ValueError, since that holder would see the new values under the old history. Otherwise the node takes x's
+// old history as its input, saves x after the write (relu's backward reads its output: y > 0 exactly where x > 0),
+// and becomes x's history. An op that saved x after this and finds it written again refuses its backward through
+// the saved tensor's version.
+Tensor relu_(const Tensor& x) {
+  x.check_inplace_write("relu_", nullptr);
+  auto node = make_node("relu_", {&x});  // the edge to x's history before the write replaces it
+  forward_op("relu_", {&x}, [&] {
+    ops::relu_(x);
+    return x;
+  });
+  if (node) {
+    node->save(x);
+    node->formula = [](const BackwardContext& c, const TensorList& g) -> TensorList {
+      return {ops::unary_backward(UnaryOp::Relu, UnaryParams{}, g[0], c.saved(0))};
+    };
+    node->set_outputs({&x});
+  }
+  return x;
+}
+
 Tensor gelu(const Tensor& x, GeluApprox approx) {
   Tensor out = forward_op("gelu", {&x}, [&] { return ops::gelu(x, approx); });
   return unary("gelu", approx == GeluApprox::Tanh ? UnaryOp::GeluTanh : UnaryOp::GeluErf, UnaryParams{}, x,

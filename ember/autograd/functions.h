@@ -33,6 +33,8 @@ Tensor rsqrt(const Tensor& x);
 Tensor tanh(const Tensor& x);
 Tensor sigmoid(const Tensor& x);
 Tensor relu(const Tensor& x);
+// ReLU written into x (Note [In-place ReLU]); returns x, which now has relu_'s history.
+Tensor relu_(const Tensor& x);
 Tensor gelu(const Tensor& x, GeluApprox approx = GeluApprox::None);
 Tensor silu(const Tensor& x);
 Tensor abs(const Tensor& x);

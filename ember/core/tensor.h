@@ -137,6 +137,10 @@ class Tensor {
   // Marks an in-place write to this tensor's storage (autograd's version counter).
   void bump_version() const { impl().storage->bump_version(); }
   int64_t version() const { return impl().storage->version(); }
+  // Autograd's checks before an in-place write into this tensor (ValueError: a leaf that requires grad, a view of a
+  // tensor with history, shared storage, an inference tensor outside InferenceMode); src: the tensor copied in, if
+  // any. copy_ and fill_ run them; so must an op outside core that writes in place and records its own node.
+  void check_inplace_write(const char* op, const Tensor* src) const;
 
  private:
   const TensorImpl& impl() const {
@@ -145,7 +149,6 @@ class Tensor {
   }
   // `info` describes the view for autograd (null: not recorded, e.g. detach).
   void copy_data(const Tensor& src) const;  // copy_ without the autograd checks
-  void check_inplace_write(const char* op, const Tensor* src) const;
   void record_inplace_write(const char* op, const Tensor* src) const;
   Tensor make_view(Shape sizes, Shape strides, int64_t offset, const char* op, const ViewInfo* info) const;
   std::shared_ptr<TensorImpl> impl_;

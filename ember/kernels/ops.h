@@ -87,6 +87,8 @@ Tensor rsqrt(const Tensor& x);
 Tensor tanh(const Tensor& x);
 Tensor sigmoid(const Tensor& x);
 Tensor relu(const Tensor& x);
+// relu into x itself (contiguous, not bool): no autograd bookkeeping; bumps x's version.
+void relu_(const Tensor& x);
 Tensor gelu(const Tensor& x, GeluApprox approx = GeluApprox::None);
 Tensor silu(const Tensor& x);
 Tensor abs(const Tensor& x);

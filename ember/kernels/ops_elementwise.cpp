@@ -162,6 +162,15 @@ Tensor rsqrt(const Tensor& x) { return unary_op(UnaryOp::Rsqrt, x, {}, false); }
 Tensor tanh(const Tensor& x) { return unary_op(UnaryOp::Tanh, x, {}, false); }
 Tensor sigmoid(const Tensor& x) { return unary_op(UnaryOp::Sigmoid, x, {}, false); }
 Tensor relu(const Tensor& x) { return unary_op(UnaryOp::Relu, x, {}, true); }
+void relu_(const Tensor& x) {
+  check_defined("relu_", x, "destination");
+  EMBER_CHECK(x.dtype() != DType::b8, DTypeError, "relu_: bool tensors are not supported, got ", x.description());
+  EMBER_CHECK(x.is_contiguous(), ValueError, "relu_: the destination ", x.description(),
+              " must be contiguous (an in-place write into overlapping or strided memory)");
+  // The kernel reads x[i] before writing out[i]: the same element, so out may alias x (as add_'s).
+  if (needs_kernel(x)) unary_stub.get(x.device().type)(UnaryOp::Relu, {}, x, x);
+  x.bump_version();
+}
 Tensor gelu(const Tensor& x, GeluApprox approx) {
   return unary_op(approx == GeluApprox::Tanh ? UnaryOp::GeluTanh : UnaryOp::GeluErf, x, {}, false);
 }

@@ -224,6 +224,7 @@ Tensor layer_norm(const Tensor& input, const Shape& normalized_shape, const Tens
 }
 
 Tensor relu(const Tensor& input) { return ember::relu(input); }
+Tensor relu_(const Tensor& input) { return ember::relu_(input); }
 Tensor gelu(const Tensor& input, GeluApprox approximate) { return ember::gelu(input, approximate); }
 Tensor silu(const Tensor& input) { return ember::silu(input); }
 Tensor softmax(const Tensor& input, int64_t dim) { return ember::softmax(input, dim); }

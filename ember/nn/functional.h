@@ -37,6 +37,7 @@ Tensor embedding(const Tensor& input, const Tensor& weight);
 Tensor layer_norm(const Tensor& input, const Shape& normalized_shape, const Tensor& weight = Tensor(),
                   const Tensor& bias = Tensor(), double eps = 1e-5);
 Tensor relu(const Tensor& input);
+Tensor relu_(const Tensor& input);  // in place (Note [In-place ReLU] in autograd/formulas_elementwise.cpp)
 Tensor gelu(const Tensor& input, GeluApprox approximate = GeluApprox::None);
 Tensor silu(const Tensor& input);
 Tensor softmax(const Tensor& input, int64_t dim);

@@ -225,10 +225,14 @@ class Dropout : public Module {
 
 // ---- activations and reshaping --------------------------------------------------------------------------------------
 
+// inplace: writes into its input (relu_, Note [In-place ReLU]): one activation fewer alive in the forward; the
+// input must not be needed elsewhere (a tensor a backward node saved is refused with a ValueError).
 class ReLU : public Module {
  public:
-  ReLU() : Module("ReLU") {}
+  explicit ReLU(bool inplace = false) : Module("ReLU"), inplace(inplace) {}
   Tensor forward(const Tensor& x) override;
+  std::string extra_repr() const override;
+  bool inplace;
 };
 
 // approximate: "none" (erf) or "tanh".

@@ -113,8 +113,9 @@ std::string Dropout::extra_repr() const {
 
 Tensor ReLU::forward(const Tensor& x) {
   EMBER_MODULE_SCOPE();
-  return relu(x);
+  return inplace ? relu_(x) : relu(x);
 }
+std::string ReLU::extra_repr() const { return inplace ? "inplace=True" : ""; }
 Tensor SiLU::forward(const Tensor& x) {
   EMBER_MODULE_SCOPE();
   return silu(x);
