@@ -7,6 +7,7 @@
 #include "ember/autograd/function_node.h"
 #include "ember/autograd/autocast.h"
 #include "ember/autograd/functions.h"
+#include "ember/core/grad_mode.h"
 
 namespace ember {
 
@@ -232,8 +233,20 @@ EMBER_UNARY_FN(abs, Abs)
 // whose storage something else shares — a view, or a backward node that saved it (exp's output, say) — is refused
 // with a ValueError, since that holder would see the new values under the old history. Otherwise the node takes x's
 // old history as its input, saves x after the write (relu's backward reads its output: y > 0 exactly where x > 0),
-// and becomes x's history. An op that saved x after this and finds it written again refuses its backward through
-// the saved tensor's version.
+// and becomes x's history; a retained gradient follows (Note [retain_grad across in-place writes] in node.cpp). An op
+// that saved x after this and finds it written again refuses its backward through the saved tensor's version.
+// nn::ReLU(inplace) is in place only where can_write_in_place(x) holds, and otherwise computes relu: PyTorch's module
+// "can optionally do the operation in-place", and a block's input may be anything — a checkpointed region's saved
+// input, the leaf the checkpoint planner profiles a block with, a tensor the caller keeps an alias of.
+bool can_write_in_place(const Tensor& x) {
+  if (!x.defined() || !x.is_contiguous() || x.storage().use_count() > 1) return false;
+  if (x.is_inference() && !InferenceMode::is_enabled()) return false;
+  if (!GradMode::is_enabled()) return true;
+  const autograd::AutogradMeta* m = autograd::meta_of(x);
+  if (m == nullptr) return true;
+  return !(m->grad_fn == nullptr && m->requires_grad) && !(m->is_view && m->grad_fn != nullptr);  // check_inplace's
+}
+
 Tensor relu_(const Tensor& x) {
   x.check_inplace_write("relu_", nullptr);
   auto node = make_node("relu_", {&x});  // the edge to x's history before the write replaces it

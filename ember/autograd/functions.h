@@ -35,6 +35,10 @@ Tensor sigmoid(const Tensor& x);
 Tensor relu(const Tensor& x);
 // ReLU written into x (Note [In-place ReLU]); returns x, which now has relu_'s history.
 Tensor relu_(const Tensor& x);
+// Whether an in-place op may write into x and nothing else sees it: x is contiguous, its storage is held by x alone
+// (no view, alias, or tensor a node or a checkpoint saved), and it is neither a leaf that requires grad under grad
+// mode nor an inference tensor outside InferenceMode. nn::ReLU(inplace) writes in place only then.
+bool can_write_in_place(const Tensor& x);
 Tensor gelu(const Tensor& x, GeluApprox approx = GeluApprox::None);
 Tensor silu(const Tensor& x);
 Tensor abs(const Tensor& x);

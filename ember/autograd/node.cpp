@@ -130,8 +130,20 @@ InputMeta input_meta_of(const Tensor& t) {
   return InputMeta{true, t.sizes(), t.dtype(), t.device()};
 }
 
+// Note [retain_grad across in-place writes]
+// .grad of a tensor that retains its gradient is the gradient with respect to the tensor's latest value, as in
+// PyTorch: when an in-place op (copy_ from a tensor with history, relu_) gives the tensor a new grad_fn, the retain
+// hook leaves the old node and goes to the new one. Hooks registered with register_hook stay where they were: they
+// see the gradient of the value the tensor had when they were registered.
 void set_history(const Tensor& t, const std::shared_ptr<Node>& node, uint32_t output_nr) {
   AutogradMeta& m = get_or_create_meta(t);
+  if (m.retains_grad && m.retains_grad_hook && m.grad_fn && (m.grad_fn != node || m.output_nr != output_nr)) {
+    auto moved = std::make_shared<HookEntry>();
+    moved->fn = m.retains_grad_hook->fn;
+    m.retains_grad_hook->removed = true;
+    node->add_retains_grad_hook(output_nr, moved);
+    m.retains_grad_hook = std::move(moved);
+  }
   m.grad_fn = node;
   m.output_nr = output_nr;
   m.requires_grad = true;

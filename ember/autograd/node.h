@@ -128,6 +128,9 @@ struct AutogradMeta : AutogradMetaBase {
   std::vector<std::shared_ptr<HookEntry>> leaf_hooks;
   std::vector<std::shared_ptr<PostHookEntry>> post_accumulate_hooks;
   bool retains_grad = false;
+  // retain_grad()'s entry on grad_fn: set_history moves it to a new grad_fn (Note [retain_grad across in-place
+  // writes] in node.cpp).
+  std::shared_ptr<HookEntry> retains_grad_hook;
   bool is_view = false;  // made by a recorded view op: in-place writes into it are refused (no history rebase)
 };
 

@@ -78,6 +78,9 @@ class Hooks final : public AutogradHooks {
     if (AutogradMeta* m = meta_of(self); m != nullptr && m->grad_fn != nullptr) {
       m->grad_fn = nullptr;
       m->requires_grad = false;
+      if (m->retains_grad_hook) m->retains_grad_hook->removed = true;  // no gradient reaches a constant
+      m->retains_grad_hook = nullptr;
+      m->retains_grad = false;
     }
   }
 
@@ -135,6 +138,7 @@ class Hooks final : public AutogradHooks {
       return Tensor();
     };
     m->grad_fn->add_retains_grad_hook(m->output_nr, entry);
+    m->retains_grad_hook = std::move(entry);
   }
 
   std::string grad_fn_name(const Tensor& t) const override {

@@ -225,8 +225,8 @@ class Dropout : public Module {
 
 // ---- activations and reshaping --------------------------------------------------------------------------------------
 
-// inplace: writes into its input (relu_, Note [In-place ReLU]): one activation fewer alive in the forward; the
-// input must not be needed elsewhere (a tensor a backward node saved is refused with a ValueError).
+// inplace: writes into its input where nothing else sees it (relu_ when can_write_in_place, else relu; Note
+// [In-place ReLU]): one activation fewer alive in the forward.
 class ReLU : public Module {
  public:
   explicit ReLU(bool inplace = false) : Module("ReLU"), inplace(inplace) {}

@@ -113,7 +113,7 @@ std::string Dropout::extra_repr() const {
 
 Tensor ReLU::forward(const Tensor& x) {
   EMBER_MODULE_SCOPE();
-  return inplace ? relu_(x) : relu(x);
+  return inplace && can_write_in_place(x) ? relu_(x) : relu(x);
 }
 std::string ReLU::extra_repr() const { return inplace ? "inplace=True" : ""; }
 Tensor SiLU::forward(const Tensor& x) {

@@ -233,7 +233,8 @@ TEST_P(CrossEntropyTest, BackwardOfCheckedTargetsStaysInsideTheRows) {
   const int64_t M = 3, C = 8;  // C a multiple of every pack width, so the CUDA kernel takes its packed path too
   const Tensor x = rand_input({M, C}, -2.0, 2.0).to(DType::f32).to(device());
   const Tensor good = from_vector(std::vector<int64_t>{1, 2, 3}, {M}).to(device());
-  const Tensor bad = from_vector(std::vector<int64_t>{1, C + 5, -7}, {M}).to(device());
+  // Row 1's -7 would land in row 0, written before it; the last row's C + 5 past the end of the gradient.
+  const Tensor bad = from_vector(std::vector<int64_t>{1, -7, C + 5}, {M}).to(device());
   const CrossEntropyResult r = ops::cross_entropy_rows(x, good, -100, 0.0);
   const Tensor grad = full({M}, 0.5, {DType::f32, device()});
   const Tensor g = ops::cross_entropy_rows_backward(grad, x, bad, r.lse, -100, 0.0, ops::TargetValues::checked);
@@ -242,7 +243,7 @@ TEST_P(CrossEntropyTest, BackwardOfCheckedTargetsStaysInsideTheRows) {
   // Unless told they were checked, the backward checks them.
   EXPECT_NE(error_message<IndexError>([&] {
               (void)ops::cross_entropy_rows_backward(grad, x, bad, r.lse, -100, 0.0);
-            }).find("target 13 at row 1"),
+            }).find("target -7 at row 1"),
             std::string::npos);
 }
 

@@ -4,8 +4,10 @@
 // cuda instances skip without a GPU.
 #include <gtest/gtest.h>
 
+#include "ember/autograd/hooks.h"
 #include "ember/ember.h"
 #include "ember/memory/cpu_allocator.h"
+#include "ember/nn/checkpoint_wrapper.h"
 #include "ember/nn/functional.h"
 #include "ember/nn/layers.h"
 #include "tests/harness/op_harness.h"
@@ -106,7 +108,79 @@ TEST_P(ReluInplaceTest, KernelOpChecksItsDestination) {
   EXPECT_EQ(i.to_vector<int64_t>(), (std::vector<int64_t>{0, 0, 4}));
 }
 
+// Note [retain_grad across in-place writes]: .grad is the gradient with respect to the tensor's latest value (the
+// ReLU's output, unmasked), as in PyTorch; a hook registered before the write still sees the earlier value's.
+TEST_P(ReluInplaceTest, RetainedGradientFollowsTheWrite) {
+  const Tensor x = mixed_input(device(), DType::f32).requires_grad_(true);
+  const Tensor w = rand_input({6, 37}).to(DType::f32).to(device());
+  const Tensor h = x * 1.0;
+  h.retain_grad();
+  Tensor before_write;
+  autograd::register_hook(h, [&](const Tensor& g) {
+    before_write = g;
+    return Tensor();
+  });
+  (void)relu_(h);
+  sum(h * w).backward();
+  ASSERT_TRUE(h.grad().defined());
+  EXPECT_TRUE(allclose(h.grad(), w, Tolerance{0.0, 0.0}));
+  ASSERT_TRUE(before_write.defined());
+  EXPECT_TRUE(allclose(before_write, x.grad(), Tolerance{0.0, 0.0}));  // masked: the gradient of h before relu_
+  EXPECT_TRUE(allclose(x.grad(), mul(w, gt(x.detach(), 0.0).to(DType::f32)), Tolerance{0.0, 0.0}));
+}
+
+// The module writes in place only where nothing else sees the input; elsewhere it computes relu, same values and
+// gradients.
+TEST_P(ReluInplaceTest, ModuleFallsBackWhereTheInputIsShared) {
+  const Tensor x0 = mixed_input(device(), DType::f32);
+  nn::ReLU inplace(true);
+  const Tensor leaf = x0.clone().requires_grad_(true);
+  const Tensor y = inplace.forward(leaf);  // a leaf that requires grad: out of place
+  EXPECT_NE(y.raw_data(), leaf.raw_data());
+  EXPECT_TRUE(allclose(leaf.detach(), x0, Tolerance{0.0, 0.0}));
+  sum(y).backward();
+  EXPECT_TRUE(allclose(leaf.grad(), gt(x0, 0.0).to(DType::f32), Tolerance{0.0, 0.0}));
+
+  const Tensor h = x0.clone();
+  const Tensor alias = h.detach();  // shares the storage
+  EXPECT_FALSE(can_write_in_place(h));
+  EXPECT_NE(inplace.forward(h).raw_data(), h.raw_data());
+  EXPECT_TRUE(allclose(alias, x0, Tolerance{0.0, 0.0}));
+  EXPECT_TRUE(can_write_in_place(x0.clone()));
+  EXPECT_FALSE(can_write_in_place(x0.clone().transpose(0, 1)));
+}
+
 EMBER_INSTANTIATE_DEVICE_TESTS(ReluInplaceTest);
+
+// A block whose input the checkpoint machinery holds (checkpoint_sequential's saved region input, the planner's
+// profiling leaf) runs ReLU(inplace) out of place: same gradients as without checkpointing.
+TEST(ReluInplaceCheckpoint, SegmentsAndThePlannerWork) {
+  auto make = [] {
+    manual_seed(5);
+    return std::make_shared<nn::Sequential>(std::make_shared<nn::Linear>(16, 32), std::make_shared<nn::ReLU>(true),
+                                            std::make_shared<nn::Linear>(32, 32), std::make_shared<nn::ReLU>(true),
+                                            std::make_shared<nn::Linear>(32, 4));
+  };
+  const Tensor x = randn({8, 16});
+  auto grads_of = [&](const std::function<Tensor(const nn::Sequential&)>& run) {
+    auto net = make();
+    sum(run(*net)).backward();
+    std::vector<Tensor> g;
+    for (const Tensor& p : net->parameters()) g.push_back(p.grad());
+    return g;
+  };
+  const auto plain = grads_of([&](const nn::Sequential& n) { return const_cast<nn::Sequential&>(n).forward(x); });
+  const auto segmented = grads_of([&](const nn::Sequential& n) { return nn::checkpoint_sequential(n, 2, x); });
+  ASSERT_EQ(plain.size(), segmented.size());
+  for (size_t i = 0; i < plain.size(); ++i) EXPECT_TRUE(allclose(segmented[i], plain[i], Tolerance{0.0, 0.0})) << i;
+
+  auto net = make();
+  const autograd::CheckpointPlan plan = net->plan_checkpointing(x, autograd::CheckpointPolicy::parse("sqrt"));
+  sum(net->forward(x)).backward();
+  std::vector<Tensor> planned;
+  for (const Tensor& p : net->parameters()) planned.push_back(p.grad());
+  for (size_t i = 0; i < plain.size(); ++i) EXPECT_TRUE(allclose(planned[i], plain[i], Tolerance{0.0, 0.0})) << i;
+}
 
 // The point of it: Linear -> ReLU(inplace) peaks where Linear alone does, while Linear -> ReLU() briefly holds the
 // linear output and its rectified copy.
