@@ -8,6 +8,8 @@
 
 #include "ember/autograd/checkpoint_plan.h"
 #include "ember/base/error.h"
+#include "ember/core/meta_scope.h"
+#include "ember/memory/allocator.h"
 #include "ember/train/estimate.h"
 #include "tools/commands.h"
 
@@ -24,7 +26,32 @@ struct EstimateArgs {
   int64_t steps = 2;
   uint64_t seed = 0;
   bool json = false;
+  std::string device = "cpu";
+  int sm_count = 0;  // 0: the device's where one is present, else 132
+  std::string attention, gemm_workspace = "0", conv_workspace = "0";
 };
+
+// The target of the dry run (Note [Dry-run targets] in ember/core/meta_scope.h): a present GPU's SM count and
+// attention path unless the flags say otherwise; without one an H100's 132 SMs and the tiled path.
+MetaTarget target_of(const EstimateArgs& a) {
+  if (a.device == "cpu") {
+    EMBER_CHECK(a.sm_count == 0 && a.attention.empty() && a.gemm_workspace == "0" && a.conv_workspace == "0",
+                ValueError, "estimate: --sm-count, --attention, --gemm-workspace and --conv-workspace describe a "
+                "CUDA target; add --device cuda");
+    return MetaTarget::cpu();
+  }
+  MetaTarget t = MetaTarget::cuda();
+  try {
+    t = train::meta_target_for(Device::cuda(0));
+  } catch (const DeviceError&) {
+    // no GPU here: the defaults stand in for one
+  }
+  if (a.sm_count > 0) t.sm_count = a.sm_count;
+  if (!a.attention.empty()) t.flash_attention = a.attention == "flash";
+  t.gemm_workspace_bytes = memory::parse_bytes(a.gemm_workspace, "--gemm-workspace");
+  t.conv_workspace_bytes = memory::parse_bytes(a.conv_workspace, "--conv-workspace");
+  return t;
+}
 
 void run_estimate(const EstimateArgs& a) {
   train::EstimateOptions o;
@@ -35,6 +62,7 @@ void run_estimate(const EstimateArgs& a) {
   o.grad_accum = a.grad_accum;
   o.steps = a.steps;
   o.seed = a.seed;
+  o.target = target_of(a);
   const train::MemoryEstimate e = train::estimate_step(o);
   std::printf("%s\n", a.json ? e.to_json().c_str() : e.to_string().c_str());
 }
@@ -45,7 +73,8 @@ void add_estimate_command(CLI::App& app) {
   auto args = std::make_shared<EstimateArgs>();
   CLI::App* cmd = app.add_subcommand(
       "estimate", "predict the peak memory of AdamW training steps of a standard config (a dry run on meta, "
-                  "through the CPU allocator's policy; EMBER_ALLOC_CONF sets it)");
+                  "through the allocator policy EMBER_ALLOC_CONF sets, with the workspace of the --device's "
+                  "kernels)");
   cmd->add_option("--model", args->model, "mlp | cnn | gpt | gpt2 (GPT-2 124M)")->check(CLI::IsMember({"mlp", "cnn", "gpt", "gpt2"}));
   cmd->add_option("--batch-size", args->batch, "batch size (default: the config's)")
       ->check(CLI::Range(int64_t{1}, std::numeric_limits<int64_t>::max()));
@@ -60,6 +89,17 @@ void add_estimate_command(CLI::App& app) {
       ->check(CLI::Range(int64_t{1}, int64_t{1000}));
   cmd->add_option("--seed", args->seed, "seed of the model");
   cmd->add_flag("--json", args->json, "print one JSON line");
+  cmd->add_option("--device", args->device, "the device the steps are predicted for: cpu | cuda")
+      ->check(CLI::IsMember({"cpu", "cuda"}));
+  cmd->add_option("--sm-count", args->sm_count,
+                  "cuda: streaming multiprocessors (default: the GPU's if one is present, else 132 as on an H100)")
+      ->check(CLI::Range(1, 1 << 20));
+  cmd->add_option("--attention", args->attention, "cuda: attention path, tiled | flash (default: EMBER_ATTENTION's)")
+      ->check(CLI::IsMember({"tiled", "flash"}));
+  cmd->add_option("--gemm-workspace", args->gemm_workspace,
+                  "cuda: cuBLASLt workspace each product takes (e.g. 4MiB; default 0: not known without the GPU)");
+  cmd->add_option("--conv-workspace", args->conv_workspace,
+                  "cuda: cuDNN workspace each convolution pass takes (default 0: not known without the GPU)");
   cmd->callback([args] { run_estimate(*args); });
 }
 

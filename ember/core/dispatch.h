@@ -16,6 +16,11 @@ class DispatchStub {
 
   void set(DeviceType type, Fn fn) { table_[static_cast<int>(type)] = fn; }
   bool has(DeviceType type) const { return table_[static_cast<int>(type)] != nullptr; }
+  // The meta entry of a dry run that stands in for CUDA (Note [Dry-run targets] in meta_scope.h): it replays the CUDA
+  // kernel's workspace on meta. Registered from host code that every build compiles, so a machine without CUDA can
+  // estimate for a GPU; null where the CUDA kernel takes no workspace.
+  void set_cuda_replay(Fn fn) { table_[kNumDeviceTypes] = fn; }
+  Fn cuda_replay() const { return table_[kNumDeviceTypes]; }
   Fn get(DeviceType type) const {
     Fn fn = table_[static_cast<int>(type)];
     EMBER_CHECK(fn != nullptr, DeviceError, name_, ": no kernel registered for device type ", device_type_name(type),
@@ -26,7 +31,7 @@ class DispatchStub {
 
  private:
   const char* name_;
-  Fn table_[kNumDeviceTypes];
+  Fn table_[kNumDeviceTypes + 1];  // one per device type, then the CUDA replay
 };
 
 }  // namespace ember
@@ -41,5 +46,11 @@ class DispatchStub {
 #define EMBER_REGISTER_KERNEL(name, device_type, fn)                                           \
   static const bool EMBER_CONCAT(ember_registered_##name##_, __LINE__) = [] {                  \
     name##_stub.set(device_type, fn);                                                          \
+    return true;                                                                               \
+  }()
+// In a replay file (kernels/meta/): EMBER_REGISTER_CUDA_REPLAY(bmm, bmm_cuda_replay);
+#define EMBER_REGISTER_CUDA_REPLAY(name, fn)                                                   \
+  static const bool EMBER_CONCAT(ember_cuda_replay_##name##_, __LINE__) = [] {                 \
+    name##_stub.set_cuda_replay(fn);                                                           \
     return true;                                                                               \
   }()

@@ -13,12 +13,38 @@
 
 namespace ember {
 
+// Note [Dry-run targets]
+// A dry run stands in for a run on some device, and the kernels of the devices take different workspace: the CPU
+// kernels stage f16/bf16 operands in f32 and pack GEMM panels, the CUDA kernels hand 16-bit operands to cuBLASLt as
+// they are but take partial-sum buffers, attention tiles and library workspaces. The target says whose workspace the
+// kernels' meta entries replay (Note [Meta kernels] in kernels/stubs.h) and which state a real run keeps on the host
+// (host_state_device). What a CUDA kernel's workspace depends on beyond shapes is part of the target: the SM count
+// (split reductions size their partials by it) and the attention path; what only the library knows at run time — the
+// cuBLASLt and cuDNN workspace an algorithm asks for — is an assumption the target states (0 by default: an estimate
+// that says "plus whatever the libraries take", which a user who knows their device can set).
+struct MetaTarget {
+  DeviceType device = DeviceType::CPU;  // CPU or CUDA: whose kernels' workspace is replayed
+  int sm_count = 132;                   // CUDA: streaming multiprocessors (an H100 or H200 SXM has 132)
+  bool flash_attention = false;         // CUDA: attention on the flash kernels where they apply (else the tiled path)
+  int64_t gemm_workspace_bytes = 0;     // CUDA: cuBLASLt workspace each product call takes (0 to 32 MiB)
+  int64_t conv_workspace_bytes = 0;     // CUDA: cuDNN workspace each convolution pass takes (0 to 256 MiB)
+
+  static MetaTarget cpu() { return {}; }
+  static MetaTarget cuda() {
+    MetaTarget t;
+    t.device = DeviceType::CUDA;
+    return t;
+  }
+  bool is_cuda() const { return device == DeviceType::CUDA; }
+};
+
 class MetaAllocationScope {
  public:
   // The policy the CPU allocator applies now (memory::effective_config of memory::cpu_allocator()), its capacity too.
   MetaAllocationScope();
-  // `config` — the policy to simulate; config.capacity caps the simulated device (kNoLimit: unbounded).
-  explicit MetaAllocationScope(const memory::AllocatorConfig& config);
+  // `config` — the policy to simulate; config.capacity caps the simulated device (kNoLimit: unbounded). `target` —
+  // the device the dry run stands in for (Note [Dry-run targets]); ValueError for a meta target or sm_count < 1.
+  explicit MetaAllocationScope(const memory::AllocatorConfig& config, const MetaTarget& target = MetaTarget::cpu());
   ~MetaAllocationScope();  // restores the thread's previous scope (scopes nest)
   MetaAllocationScope(const MetaAllocationScope&) = delete;
   MetaAllocationScope& operator=(const MetaAllocationScope&) = delete;
@@ -29,10 +55,20 @@ class MetaAllocationScope {
 
  private:
   std::shared_ptr<memory::CachingAllocator> allocator_, previous_;
+  MetaTarget previous_target_;
 };
 
 // The allocator of this thread's innermost MetaAllocationScope; null outside every scope.
 memory::CachingAllocator* current_meta_allocator();
+
+// The target of this thread's innermost MetaAllocationScope; the CPU target outside every scope.
+const MetaTarget& current_meta_target();
+
+// Where an optimizer keeps per-parameter host state (Adam's step count) for a parameter on `param`: the CPU for real
+// devices; for meta, meta when the dry run stands in for the CPU (one allocator holds everything, so the state's
+// bytes count) and the CPU when it stands in for CUDA (the real run keeps the count in host memory, outside the
+// device allocator the estimate predicts).
+Device host_state_device(Device param);
 
 // Suspends this thread's scope for its lifetime: meta storages made meanwhile are byte-free, as outside any scope.
 class MetaAllocationPause {

@@ -21,18 +21,41 @@ namespace ember {
 // meta byte-free.
 namespace {
 thread_local std::shared_ptr<memory::CachingAllocator> t_meta_allocator;
+thread_local MetaTarget t_meta_target;
+
+const MetaTarget& checked_target(const MetaTarget& target) {
+  EMBER_CHECK(target.device != DeviceType::Meta, ValueError, "MetaAllocationScope: a dry run stands in for the cpu "
+              "or a cuda device, not for meta");
+  EMBER_CHECK(target.sm_count >= 1, ValueError, "MetaAllocationScope: sm_count must be >= 1, got ", target.sm_count);
+  EMBER_CHECK(target.gemm_workspace_bytes >= 0 && target.conv_workspace_bytes >= 0, ValueError,
+              "MetaAllocationScope: workspace assumptions must be >= 0 bytes, got gemm ", target.gemm_workspace_bytes,
+              " and conv ", target.conv_workspace_bytes);
+  return target;
+}
 }  // namespace
 
 MetaAllocationScope::MetaAllocationScope() : MetaAllocationScope(memory::effective_config(memory::cpu_allocator())) {}
 
-MetaAllocationScope::MetaAllocationScope(const memory::AllocatorConfig& config)
-    : allocator_(memory::make_address_only_allocator(config, "meta")), previous_(t_meta_allocator) {
+MetaAllocationScope::MetaAllocationScope(const memory::AllocatorConfig& config, const MetaTarget& target)
+    : previous_target_(checked_target(target)) {
+  allocator_ = memory::make_address_only_allocator(config, "meta");
+  previous_ = t_meta_allocator;
   t_meta_allocator = allocator_;
+  std::swap(previous_target_, t_meta_target);  // previous_target_ held `target`
 }
 
-MetaAllocationScope::~MetaAllocationScope() { t_meta_allocator = std::move(previous_); }
+MetaAllocationScope::~MetaAllocationScope() {
+  t_meta_allocator = std::move(previous_);
+  t_meta_target = previous_target_;
+}
 
 memory::CachingAllocator* current_meta_allocator() { return t_meta_allocator.get(); }
+
+const MetaTarget& current_meta_target() { return t_meta_target; }
+
+Device host_state_device(Device param) {
+  return param.is_meta() && !current_meta_target().is_cuda() ? param : Device::cpu();
+}
 
 MetaAllocationPause::MetaAllocationPause() : paused_(std::move(t_meta_allocator)) { t_meta_allocator = nullptr; }
 MetaAllocationPause::~MetaAllocationPause() { t_meta_allocator = std::move(paused_); }

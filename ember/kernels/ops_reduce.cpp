@@ -69,7 +69,7 @@ Tensor run_reduce(ReduceOp op, const Tensor& x, const std::vector<int64_t>& dims
   EMBER_CHECK(!(needs_elements && reduced == 0), ValueError, name, ": cannot reduce over an empty set of elements (",
               x.description(), ", dims ", shape_str(dims), ")");
   Tensor out = empty(out_shape, TensorOptions(result_dtype(op, x.dtype()), x.device()));
-  if (out.numel() > 0 && !x.device().is_meta()) reduce_stub.get(x.device().type)(op, x, out, dims, correction);
+  if (out.numel() > 0) run_kernel(reduce_stub, x.device(), op, x, out, dims, correction);  // Note [Meta kernels]
   return out;
 }
 

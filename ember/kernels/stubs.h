@@ -12,6 +12,7 @@
 
 #include "ember/core/core_stubs.h"
 #include "ember/core/dispatch.h"
+#include "ember/core/meta_scope.h"
 #include "ember/core/tensor.h"
 #include "ember/memory/tags.h"
 
@@ -23,14 +24,21 @@ namespace ember {
 // accumulators: Note [Kernel workspace] in cpu/conv_pool.cpp) registers, for DeviceType::Meta, a function that
 // allocates the same workspace on meta and computes nothing (cpu/meta_workspace.h). Inside a MetaAllocationScope a
 // dry run then sees the workspace a CPU run takes; outside one the meta tensors are byte-free and cost nothing.
-// Front ends call kernels through run_kernel, which skips meta where no Meta entry exists. Whatever the kernel
-// allocates is scratch (its outputs were allocated by the front end), so it runs under memory::Phase::Workspace:
-// the bytes stay with the running module, as "MODULE/workspace" (DESIGN.md §6).
+// A dry run that stands in for CUDA (Note [Dry-run targets] in core/meta_scope.h) replays the CUDA kernel's workspace
+// instead, through the stub's CUDA replay (kernels/meta/), which the same test file holds to the CUDA allocator's
+// peak on a GPU (tests/kernels/test_cuda_replay.cpp).
+// Front ends call kernels through run_kernel, which skips meta where the target's entry does not exist. Whatever the
+// kernel allocates is scratch (its outputs were allocated by the front end), so it runs under
+// memory::Phase::Workspace: the bytes stay with the running module, as "MODULE/workspace" (DESIGN.md §6).
 template <class Fn, class... Args>
 void run_kernel(const DispatchStub<Fn>& stub, Device device, Args&&... args) {
-  if (device.is_meta() && !stub.has(DeviceType::Meta)) return;
+  Fn fn = nullptr;
+  if (!device.is_meta()) fn = stub.get(device.type);
+  else if (current_meta_target().is_cuda()) fn = stub.cuda_replay();
+  else if (stub.has(DeviceType::Meta)) fn = stub.get(DeviceType::Meta);
+  if (fn == nullptr) return;
   memory::PhaseScope workspace(memory::Phase::Workspace);
-  stub.get(device.type)(std::forward<Args>(args)...);
+  fn(std::forward<Args>(args)...);
 }
 
 // ---- elementwise -------------------------------------------------------------------------------------------------

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "ember/core/grad_mode.h"
+#include "ember/core/meta_scope.h"
 #include "ember/kernels/ops.h"
 #include "ember/memory/tags.h"
 
@@ -86,7 +87,7 @@ void Adam::step() {
         const TensorOptions opts(ops::optimizer_state_dtype(p.dtype()), p.device());
         // The step count lives on the host (as PyTorch keeps it), except in a meta dry run, which counts it with the
         // parameters: it simulates a CPU run there, where the host is the device (a GPU run's is host memory).
-        w.step_t = scalar_tensor(0.0, TensorOptions(DType::f64, p.device().is_meta() ? p.device() : Device::cpu()));
+        w.step_t = scalar_tensor(0.0, TensorOptions(DType::f64, host_state_device(p.device())));
         w.exp_avg = zeros(p.sizes(), opts);
         w.exp_avg_sq = zeros(p.sizes(), opts);
       } else {

@@ -11,6 +11,8 @@
 #include "ember/base/error.h"
 #include "ember/core/generator.h"
 #include "ember/core/meta_scope.h"
+#include "ember/kernels/cuda/attention.h"
+#include "ember/kernels/cuda/device_info.h"
 #include "ember/memory/address_only.h"
 #include "ember/memory/cpu_allocator.h"
 #include "ember/train/step.h"
@@ -63,6 +65,20 @@ memory::AllocatorConfig cpu_policy() { return memory::effective_config(memory::c
 
 }  // namespace
 
+MetaTarget meta_target_for(Device device) {
+  EMBER_CHECK(device.is_cpu() || device.is_cuda(), ValueError, "meta_target_for: a dry run stands in for the cpu or a "
+              "cuda device, not ", device.str());
+  if (device.is_cpu()) return MetaTarget::cpu();
+  MetaTarget t = MetaTarget::cuda();
+#if defined(EMBER_WITH_CUDA)
+  t.sm_count = cuda::device_properties(device.index).sm_count;
+  t.flash_attention = cuda::attention_strategy() == cuda::AttentionStrategy::Flash;
+#else
+  EMBER_THROW(DeviceError, "meta_target_for: ", device.str(), ": ember was built without CUDA");
+#endif
+  return t;
+}
+
 MemoryEstimate estimate_step(const EstimateOptions& o) {
   const auto t0 = Clock::now();
   // The standard task seeds the default generator: a dry run in the middle of training leaves its stream as it was.
@@ -71,8 +87,10 @@ MemoryEstimate estimate_step(const EstimateOptions& o) {
     PhiloxState state;
     ~RestoreRng() { default_generator().set_state(state); }
   } restore_rng{rng};
-  MetaAllocationScope scope(o.allocator.value_or(cpu_policy()));
+  MetaAllocationScope scope(o.allocator.value_or(o.target.is_cuda() ? memory::alloc_config_from_env() : cpu_policy()),
+                            o.target);
   MemoryEstimate e = run_steps(o, Device::meta());  // every meta tensor of the run is dead when it returns
+  e.device = device_type_name(o.target.device);
   const memory::AllocatorStats s = scope.allocator().stats();
   e.peak_allocated_bytes = s.peak_allocated_bytes;
   e.peak_reserved_bytes = s.peak_reserved_bytes;
@@ -96,6 +114,8 @@ MemoryEstimate estimate_peak(const std::function<void()>& build_and_step, const 
 
 MemoryEstimate measure_step(const EstimateOptions& o) {
   memory::CachingAllocator& alloc = memory::cpu_allocator();
+  EMBER_CHECK(!o.target.is_cuda(), ValueError, "measure_step: measures steps on the CPU; a CUDA target is for "
+              "estimate_step (run the steps on the GPU and read its allocator to measure them there)");
   if (o.allocator.has_value()) {
     const std::string want = o.allocator->str(), have = cpu_policy().str();
     EMBER_CHECK(want == have, ValueError, "measure_step: the CPU allocator applies '", have,
@@ -117,6 +137,7 @@ std::string MemoryEstimate::to_string() const {
   std::ostringstream os;
   if (!model.empty()) {
     os << model << " batch " << batch;
+    if (device != "cpu") os << " on " << device;
     if (grad_accum > 1) os << " (" << grad_accum << " micro-batches)";
     os << ", amp " << amp << ", checkpoint " << checkpoint << ", " << steps << " steps: ";
   }
@@ -132,6 +153,7 @@ std::string MemoryEstimate::to_string() const {
 std::string MemoryEstimate::to_json() const {
   nlohmann::ordered_json j;
   j["model"] = model;
+  j["device"] = device;
   j["batch"] = batch;
   j["amp"] = amp;
   j["checkpoint"] = checkpoint;

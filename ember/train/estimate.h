@@ -11,6 +11,7 @@
 #include <optional>
 #include <string>
 
+#include "ember/core/meta_scope.h"
 #include "ember/memory/alloc_config.h"
 #include "ember/train/amp.h"
 
@@ -24,13 +25,19 @@ struct EstimateOptions {
   int64_t grad_accum = 1;           // micro-batches per step (must divide the batch)
   int64_t steps = 2;                // steps run; the peak is over all of them (optimizer state appears in step 1)
   uint64_t seed = 0;
-  // The allocator policy to simulate; unset: the one the CPU allocator applies now (memory::effective_config), so
-  // the estimate predicts what measure_step measures. Its capacity caps the simulated device (OutOfMemoryError).
+  // The allocator policy to simulate; unset: the one the target's allocator applies — the CPU allocator's now
+  // (memory::effective_config), so the estimate predicts what measure_step measures; for a CUDA target the policy a
+  // CUDA allocator would take from EMBER_ALLOC_CONF (expandable segments included). Its capacity caps the simulated
+  // device (OutOfMemoryError).
   std::optional<memory::AllocatorConfig> allocator;
+  // The device the steps are predicted for (Note [Dry-run targets] in core/meta_scope.h): the CPU (the default), or
+  // a CUDA device with its SM count, attention path and assumed library workspaces.
+  MetaTarget target;
 };
 
 struct MemoryEstimate {
   std::string model, amp, checkpoint;  // empty for estimate_peak
+  std::string device = "cpu";          // the target: "cpu" or "cuda"
   int64_t batch = 0, grad_accum = 1, steps = 0, parameters = 0;
   int64_t peak_allocated_bytes = 0;  // high-water mark of live allocations (after the allocator's rounding)
   int64_t peak_reserved_bytes = 0;   // high-water mark of the bytes held from the device
@@ -46,6 +53,11 @@ struct MemoryEstimate {
   std::string to_json() const;    // one JSON line
 };
 
+// The target of a dry run that stands in for `device` in this process: the CPU target for the CPU; for a CUDA
+// device its SM count and the attention path in use (EMBER_ATTENTION / set_attention_strategy), with the library
+// workspaces assumed 0. DeviceError when the device does not exist (or ember was built without CUDA).
+MetaTarget meta_target_for(Device device);
+
 // Dry-runs options.steps training steps of the standard config on meta and returns their peaks (from before the
 // model existed). The model is built on the host and moved to meta, so its parameters' initial values cost host
 // time and transient host memory, not simulated bytes. ConfigError/ValueError as make_training_setup; the simulated
@@ -59,7 +71,8 @@ MemoryEstimate estimate_peak(const std::function<void()>& build_and_step, const 
 
 // The same steps for real on the CPU, measured through memory::cpu_allocator(): its cache is emptied and its peaks
 // reset first, and the bytes allocated (reserved) before the task is built are subtracted, so the numbers mean what
-// estimate_step's do. options.allocator must be unset or equal the CPU allocator's effective policy (ValueError).
+// estimate_step's do. options.allocator must be unset or equal the CPU allocator's effective policy, and the target
+// the CPU (ValueError).
 MemoryEstimate measure_step(const EstimateOptions& options);
 
 }  // namespace ember::train

@@ -361,8 +361,10 @@ void TrainRunner::Impl::search_batch() {
         0, alloc->stats().allocated_bytes - held.weights - held.master_weights - held.optimizer_state);
     memory::AllocatorConfig policy_now = caching ? memory::effective_config(*caching) : memory::AllocatorConfig{};
     policy_now.capacity = memory::kNoLimit;
-    fo.estimate = [this, extra, policy_now](int64_t rows) -> int64_t {
+    const MetaTarget target = meta_target_for(o.device);
+    fo.estimate = [this, extra, policy_now, target](int64_t rows) -> int64_t {
       EstimateOptions eo;
+      eo.target = target;
       eo.model = o.model;
       eo.batch = rows;
       eo.amp = o.amp;

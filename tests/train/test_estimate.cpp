@@ -125,6 +125,37 @@ TEST(Estimate, BytesByRoleByHand) {
   EXPECT_EQ(h.by_role.optimizer_state, 2 * 4 * P + 6 * 8);
 }
 
+// A dry run standing in for CUDA (Note [Dry-run targets]): the CUDA kernels' workspace instead of the CPU's, and the
+// step counts on the host.
+TEST(Estimate, ACudaTargetReplaysTheCudaKernels) {
+  const int64_t P = 784 * 1024 + 1024 + 1024 * 1024 + 1024 + 1024 * 10 + 10;
+  train::EstimateOptions o;
+  o.model = "mlp";
+  o.target = MetaTarget::cuda();
+  const train::MemoryEstimate e = train::estimate_step(o);
+  EXPECT_EQ(e.device, "cuda");
+  EXPECT_NE(e.to_string().find("on cuda"), std::string::npos) << e.to_string();
+  EXPECT_NE(e.to_json().find("\"device\":\"cuda\""), std::string::npos) << e.to_json();
+  EXPECT_EQ(e.by_role.weights, 4 * P);
+  EXPECT_GE(e.peak_allocated_bytes, 16 * P);
+  // The CPU's f32 staging of 16-bit products is not taken on CUDA: the autocast GPT predicts less there.
+  o.model = "gpt";
+  o.amp = "autocast-bf16";
+  const train::MemoryEstimate on_cuda = train::estimate_step(o);
+  o.target = MetaTarget::cpu();
+  const train::MemoryEstimate on_cpu = train::estimate_step(o);
+  EXPECT_LT(on_cuda.peak_allocated_bytes, on_cpu.peak_allocated_bytes);
+  EXPECT_EQ(on_cpu.device, "cpu");
+  // An assumed cuBLASLt workspace is taken beside each product: the peak rises by at most that much.
+  o.target = MetaTarget::cuda();
+  o.target.gemm_workspace_bytes = 4 << 20;
+  const train::MemoryEstimate with_ws = train::estimate_step(o);
+  EXPECT_GT(with_ws.peak_allocated_bytes, on_cuda.peak_allocated_bytes);
+  EXPECT_LE(with_ws.peak_allocated_bytes, on_cuda.peak_allocated_bytes + (4 << 20));
+  // Measured runs are CPU runs.
+  EXPECT_THROW(train::measure_step(o), ValueError);
+}
+
 TEST(Estimate, GenericEntryCountsWhatTheCallableAllocates) {
   memory::AllocatorConfig fixed;
   fixed.expandable_segments = false;

@@ -13,6 +13,7 @@
 #include "ember/base/cuda_check.h"
 #include "ember/kernels/convert.h"
 #include "ember/kernels/cuda/reduce_pack_kernels.cuh"
+#include "ember/kernels/cuda/reduce_plan.h"
 #include "ember/kernels/cuda/stream.h"
 #include "ember/kernels/cuda/tensor_iter.cuh"
 #include "ember/kernels/stubs.h"
@@ -67,12 +68,7 @@ constexpr int64_t kNoIndex = std::numeric_limits<int64_t>::max();
 // A split launch (gridDim.y = S > 1: too few output blocks to fill the device, or too many elements per thread)
 // writes one State per (output, split) into scratch laid out [n_out][S]; a second launch of the same kernel
 // reduces those states (contiguous, never split again), finalises and stores.
-constexpr int kMaxThreads = 512;
-constexpr int64_t kWarpMaxR = 1024;
-constexpr int64_t kSmallR = 16;
-constexpr int64_t kMinPerThread = 16;   // a split gets at least this many elements per thread
-constexpr int64_t kMaxPerThread = 256;  // a thread adds at most about this many elements in sequence
-constexpr int64_t kMaxSplits = 65535;   // gridDim.y limit
+// The shapes' constants and plan_reduction live in reduce_plan.h, where the dry run's replay reads them too.
 
 struct ReduceParams {
   ReduceOp op;
@@ -348,67 +344,6 @@ __global__ void __launch_bounds__(kMaxThreads)
 
 // ---- launcher ---------------------------------------------------------------------------------------------------
 
-struct Plan {
-  bool r_in_x = false, r_in_y = false;
-  int bx = 32, by = 8, out_per_block = 8;
-  int64_t splits = 1, chunk = 0;
-  unsigned int grid_x = 1;
-};
-
-int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
-
-int64_t inner_stride(const OffsetCalculator<1>& c) {
-  const int64_t s = c.strides[0][0];
-  return s < 0 ? -s : s;
-}
-
-int pow2_at_least(int64_t n, int cap) {
-  int p = 1;
-  while (p < cap && p < n) p *= 2;
-  return p;
-}
-
-// The kernel shape for n_out outputs of R elements each (Note [Reduction shapes]).
-Plan plan_reduction(int64_t n_out, int64_t R, const OffsetCalculator<1>& kept, const OffsetCalculator<1>& red,
-                    int sm_count, bool allow_split) {
-  Plan pl;
-  const bool columns = R <= kSmallR || (kept.dims > 0 && red.dims > 0 && inner_stride(kept) < inner_stride(red));
-  int threads = 256, r_lanes = 32;
-  if (columns) {
-    pl.bx = pow2_at_least(n_out, R <= kSmallR ? 256 : 32);
-    pl.by = 256 / pl.bx;
-    pl.r_in_y = pl.by > 1;
-    pl.out_per_block = pl.bx;
-    r_lanes = pl.by;
-  } else if (R <= kWarpMaxR) {
-    pl.bx = 32;
-    pl.by = 8;
-    pl.r_in_x = true;
-    pl.out_per_block = pl.by;
-  } else {
-    pl.bx = 32;
-    pl.by = kMaxThreads / 32;
-    pl.r_in_x = pl.r_in_y = true;
-    pl.out_per_block = 1;
-    threads = kMaxThreads;
-    r_lanes = kMaxThreads;
-  }
-  const int64_t blocks_out = ceil_div(n_out, pl.out_per_block);
-  int64_t splits = 1;
-  if (allow_split && R > 0) {
-    const int64_t target = static_cast<int64_t>(sm_count) * (2048 / threads);  // one full wave
-    const int64_t s_fill =
-        blocks_out >= target ? 1 : std::min(ceil_div(target, blocks_out), ceil_div(R, r_lanes * kMinPerThread));
-    const int64_t s_seq = ceil_div(R, r_lanes * kMaxPerThread);
-    splits = std::clamp<int64_t>(std::max(s_fill, s_seq), 1, kMaxSplits);
-  }
-  pl.chunk = R == 0 ? 0 : ceil_div(R, splits);
-  pl.splits = R == 0 ? 1 : ceil_div(R, pl.chunk);  // no empty split
-  const int64_t grid_cap = static_cast<int64_t>(sm_count) * 64;
-  pl.grid_x = static_cast<unsigned int>(std::clamp<int64_t>(blocks_out, 1, std::max<int64_t>(grid_cap, 1)));
-  return pl;
-}
-
 memory::StreamId stream_id(cudaStream_t s) { return static_cast<memory::StreamId>(reinterpret_cast<uintptr_t>(s)); }
 
 // Note [Whole-tensor sums through CUB]
@@ -419,14 +354,12 @@ memory::StreamId stream_id(cudaStream_t s) { return static_cast<memory::StreamId
 // other paths do (store_result: the mean's division, the rounding to T). CUB's temporary storage is sized by its query call and taken, with the accumulator, from the caching
 // allocator on the reduction's stream. CUB's sums are run-to-run deterministic on one device (its tiling follows the
 // architecture); smaller reductions stay on the warp and block kernels, which need one launch.
-constexpr int64_t kCubMinR = int64_t{1} << 16;
 // CUB before 2.1.0 takes num_items as int: with it, larger reductions stay on the kernels below.
 #if CUB_VERSION >= 200100
 constexpr int64_t kCubMaxR = std::numeric_limits<int64_t>::max();
 #else
 constexpr int64_t kCubMaxR = std::numeric_limits<int>::max();
 #endif
-constexpr int64_t kCubScratchAlign = 256;  // the accumulator's slot in front of CUB's storage
 
 // Adds in A whatever CUB pairs up (accumulators and loaded elements), so its accumulator type is A.
 template <class A>
@@ -475,23 +408,8 @@ void cub_sum(const ReduceParams& p, const T* src, int64_t R, void* out, Device d
 //            for kPackMinRowWarps warps per SM: a warp per row.
 // The additions keep acc_t (Note [Reduction accumulator]) in an order fixed by the sizes; the result may differ from
 // reduce_kernel's in the last bits (another summation order), never in accuracy class.
-constexpr int64_t kPackGroupRows = 64;
-constexpr int64_t kPackMaxGroups = 64;
-constexpr int64_t kPackMinRowWarps = 16;
 
-// Whether the reduced dims (of size > 1) all come before the kept ones (of size > 1): `leading`, or all after.
-bool reduced_dims_are(const Tensor& in, const std::vector<int64_t>& dims, bool leading) {
-  std::vector<bool> reduced(static_cast<size_t>(in.dim()), false);
-  for (int64_t d : dims) reduced[static_cast<size_t>(d)] = true;
-  bool seen_second = false;  // a dim of the kind that must come second (kept when leading) has been seen
-  for (int64_t d = 0; d < in.dim(); ++d) {
-    if (in.size(d) == 1) continue;
-    const bool first_kind = reduced[static_cast<size_t>(d)] == leading;
-    if (!first_kind) seen_second = true;
-    if (first_kind && seen_second) return false;
-  }
-  return true;
-}
+static_assert(kPackColumnsPerBlock == reduce_pack::kPackColumns, "reduce_plan.h's column blocks are the kernel's");
 
 template <class T>
 bool launch_packed_sum(ReduceOp op, const Tensor& in, const Tensor& out, const std::vector<int64_t>& dims, int64_t R,
@@ -508,9 +426,9 @@ bool launch_packed_sum(ReduceOp op, const Tensor& in, const Tensor& out, const s
   const T* src = static_cast<const T*>(in.raw_data());
   T* dst = static_cast<T*>(out.raw_data());
   if (n_out % V == 0 && reduced_dims_are(in, dims, /*leading=*/true)) {
-    const int64_t cols = n_out, col_blocks = (cols / V + rp::kPackColumns - 1) / rp::kPackColumns;
-    const int64_t groups = std::clamp<int64_t>(R / kPackGroupRows, 1, kPackMaxGroups);
-    if (col_blocks * groups < 2 * sm_count || col_blocks > std::numeric_limits<int32_t>::max()) return false;
+    const int64_t cols = n_out, col_blocks = packed_column_blocks(cols, V);
+    const int64_t groups = packed_column_groups(cols, R, V, sm_count);
+    if (groups == 0) return false;
     const int64_t rows_per_group = (R + groups - 1) / groups;
     const dim3 grid(static_cast<unsigned int>(col_blocks), static_cast<unsigned int>(groups));
     const unsigned int threads = rp::kPackColumns * rp::kRowThreads;
@@ -533,8 +451,7 @@ bool launch_packed_sum(ReduceOp op, const Tensor& in, const Tensor& out, const s
     EMBER_CUDA_LAUNCH_CHECK();
     return true;
   }
-  if (R % V == 0 && R / V >= 32 && n_out >= kPackMinRowWarps * sm_count &&
-      reduced_dims_are(in, dims, /*leading=*/false)) {
+  if (packed_row_sum_takes(n_out, R, V, sm_count) && reduced_dims_are(in, dims, /*leading=*/false)) {
     const int64_t blocks = std::min((n_out + rp::kRowBlockWarps - 1) / rp::kRowBlockWarps, sm_count * 8);
     rp::row_sum_pack_kernel<T, A>
         <<<static_cast<unsigned int>(blocks), rp::kRowBlockWarps * 32, 0, stream>>>(src, n_out, R, mean, dst);
