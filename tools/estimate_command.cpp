@@ -34,22 +34,26 @@ struct EstimateArgs {
 // The target of the dry run (Note [Dry-run targets] in ember/core/meta_scope.h): a present GPU's SM count and
 // attention path unless the flags say otherwise; without one an H100's 132 SMs and the tiled path.
 MetaTarget target_of(const EstimateArgs& a) {
+  const int64_t gemm_ws = memory::parse_bytes(a.gemm_workspace, "--gemm-workspace");
+  const int64_t conv_ws = memory::parse_bytes(a.conv_workspace, "--conv-workspace");
   if (a.device == "cpu") {
-    EMBER_CHECK(a.sm_count == 0 && a.attention.empty() && a.gemm_workspace == "0" && a.conv_workspace == "0",
-                ValueError, "estimate: --sm-count, --attention, --gemm-workspace and --conv-workspace describe a "
-                "CUDA target; add --device cuda");
+    EMBER_CHECK(a.sm_count == 0 && a.attention.empty() && gemm_ws == 0 && conv_ws == 0, ValueError,
+                "estimate: --sm-count, --attention, --gemm-workspace and --conv-workspace describe a CUDA target; add "
+                "--device cuda");
     return MetaTarget::cpu();
   }
   MetaTarget t = MetaTarget::cuda();
-  try {
-    t = train::meta_target_for(Device::cuda(0));
-  } catch (const DeviceError&) {
-    // no GPU here: the defaults stand in for one
+  if (a.sm_count == 0 || a.attention.empty()) {
+    try {
+      t = train::meta_target_for(Device::cuda(0));
+    } catch (const DeviceError&) {
+      // no GPU here: the defaults stand in for one
+    }
   }
   if (a.sm_count > 0) t.sm_count = a.sm_count;
   if (!a.attention.empty()) t.flash_attention = a.attention == "flash";
-  t.gemm_workspace_bytes = memory::parse_bytes(a.gemm_workspace, "--gemm-workspace");
-  t.conv_workspace_bytes = memory::parse_bytes(a.conv_workspace, "--conv-workspace");
+  t.gemm_workspace_bytes = gemm_ws;
+  t.conv_workspace_bytes = conv_ws;
   return t;
 }
 
@@ -94,7 +98,9 @@ void add_estimate_command(CLI::App& app) {
   cmd->add_option("--sm-count", args->sm_count,
                   "cuda: streaming multiprocessors (default: the GPU's if one is present, else 132 as on an H100)")
       ->check(CLI::Range(1, 1 << 20));
-  cmd->add_option("--attention", args->attention, "cuda: attention path, tiled | flash (default: EMBER_ATTENTION's)")
+  cmd->add_option("--attention", args->attention,
+                  "cuda: attention path, tiled | flash (default: the GPU's, EMBER_ATTENTION, if one is present, else "
+                  "tiled)")
       ->check(CLI::IsMember({"tiled", "flash"}));
   cmd->add_option("--gemm-workspace", args->gemm_workspace,
                   "cuda: cuBLASLt workspace each product takes (e.g. 4MiB; default 0: not known without the GPU)");

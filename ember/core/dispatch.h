@@ -18,7 +18,7 @@ class DispatchStub {
   bool has(DeviceType type) const { return table_[static_cast<int>(type)] != nullptr; }
   // The meta entry of a dry run that stands in for CUDA (Note [Dry-run targets] in meta_scope.h): it replays the CUDA
   // kernel's workspace on meta. Registered from host code that every build compiles, so a machine without CUDA can
-  // estimate for a GPU; null where the CUDA kernel takes no workspace.
+  // estimate for a GPU; null where the CUDA kernel takes no workspace or its replay is not written (docs/cli.md).
   void set_cuda_replay(Fn fn) { table_[kNumDeviceTypes] = fn; }
   Fn cuda_replay() const { return table_[kNumDeviceTypes]; }
   Fn get(DeviceType type) const {

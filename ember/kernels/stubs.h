@@ -25,8 +25,8 @@ namespace ember {
 // allocates the same workspace on meta and computes nothing (cpu/meta_workspace.h). Inside a MetaAllocationScope a
 // dry run then sees the workspace a CPU run takes; outside one the meta tensors are byte-free and cost nothing.
 // A dry run that stands in for CUDA (Note [Dry-run targets] in core/meta_scope.h) replays the CUDA kernel's workspace
-// instead, through the stub's CUDA replay (kernels/meta/), which the same test file holds to the CUDA allocator's
-// peak on a GPU (tests/kernels/test_cuda_replay.cpp).
+// instead, through the stub's CUDA replay (kernels/meta/); tests/kernels/test_cuda_replay.cpp holds the replays to
+// hand-computed bytes and, on a GPU, to the CUDA allocator's measured peak.
 // Front ends call kernels through run_kernel, which skips meta where the target's entry does not exist. Whatever the
 // kernel allocates is scratch (its outputs were allocated by the front end), so it runs under
 // memory::Phase::Workspace: the bytes stay with the running module, as "MODULE/workspace" (DESIGN.md §6).

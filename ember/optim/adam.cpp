@@ -85,8 +85,8 @@ void Adam::step() {
       w.fresh = st.empty();
       if (w.fresh) {
         const TensorOptions opts(ops::optimizer_state_dtype(p.dtype()), p.device());
-        // The step count lives on the host (as PyTorch keeps it), except in a meta dry run, which counts it with the
-        // parameters: it simulates a CPU run there, where the host is the device (a GPU run's is host memory).
+        // The step count lives on the host (as PyTorch keeps it); a meta dry run keeps it where the run it stands in
+        // for does (host_state_device: with the parameters for a CPU run, on the host for a CUDA run).
         w.step_t = scalar_tensor(0.0, TensorOptions(DType::f64, host_state_device(p.device())));
         w.exp_avg = zeros(p.sizes(), opts);
         w.exp_avg_sq = zeros(p.sizes(), opts);

@@ -72,7 +72,8 @@ MetaTarget meta_target_for(Device device) {
   MetaTarget t = MetaTarget::cuda();
 #if defined(EMBER_WITH_CUDA)
   t.sm_count = cuda::device_properties(device.index).sm_count;
-  t.flash_attention = cuda::attention_strategy() == cuda::AttentionStrategy::Flash;
+  t.flash_attention = cuda::attention_strategy() == cuda::AttentionStrategy::Flash &&
+                      cuda::device_properties(device.index).major >= 8;  // the flash kernels need sm_80
 #else
   EMBER_THROW(DeviceError, "meta_target_for: ", device.str(), ": ember was built without CUDA");
 #endif

@@ -54,6 +54,17 @@ double precision_factor(const PlanOptions& o, AmpMode mode) {
   return default_precision_factor(o.device, mode);
 }
 
+// The dry run's target for the plan's device (Note [Dry-run targets]): a present GPU's SM count and attention path,
+// else an H100's defaults.
+MetaTarget plan_target(DeviceType device) {
+  if (device != DeviceType::CUDA) return MetaTarget::cpu();
+  try {
+    return meta_target_for(Device::cuda(0));
+  } catch (const Error&) {
+    return MetaTarget::cuda();
+  }
+}
+
 bool cheaper(const PlanCandidate& a, const PlanCandidate& b) {
   if (a.fits != b.fits) return a.fits;
   if (a.fits) {
@@ -154,6 +165,7 @@ TrainingPlan plan_training(const PlanOptions& o) {
   }
   EMBER_CHECK(!checkpoints.empty(), ValueError, "plan_training: the ", o.model,
               " config has no block chain to checkpoint; include the policy none");
+  const MetaTarget target = plan_target(o.device);
   std::set<AmpMode> seen_modes;
   for (const std::string& amp : o.amps) {
     const AmpMode mode = parse_amp_mode(amp);
@@ -168,7 +180,9 @@ TrainingPlan plan_training(const PlanOptions& o) {
         e.amp = amp;
         e.checkpoint = checkpoint;
         e.grad_accum = k;
-        memory::AllocatorConfig policy = o.allocator.value_or(memory::effective_config(memory::cpu_allocator()));
+        e.target = target;
+        memory::AllocatorConfig policy = o.allocator.value_or(
+            target.is_cuda() ? memory::alloc_config_from_env() : memory::effective_config(memory::cpu_allocator()));
         policy.capacity = memory::kNoLimit;  // Note [Fitting a budget]
         e.allocator = policy;
         MemoryEstimate est = estimate_step(e);

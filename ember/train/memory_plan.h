@@ -35,10 +35,10 @@ struct PlanOptions {
   std::vector<std::string> amps = {"none", "bf16", "fp16"};
   std::vector<std::string> checkpoints = {"none", "sqrt"};  // a config without a block chain (cnn) plans none only
   int64_t max_grad_accum = 64;  // accumulation tried: 1, 2, 4, ... dividing the batch, up to this
-  DeviceType device = DeviceType::CPU;  // whose default precision factors apply
+  DeviceType device = DeviceType::CPU;  // whose default precision factors and kernel workspace apply
   std::vector<std::pair<std::string, double>> precision_factors;  // overrides, e.g. {{"fp16", 0.6}}
   double accum_overhead = 0.02;
-  std::optional<memory::AllocatorConfig> allocator;  // the policy to simulate (unset: the CPU allocator's)
+  std::optional<memory::AllocatorConfig> allocator;  // the policy to simulate (unset: the device's allocator's)
 };
 
 struct PlanCandidate {

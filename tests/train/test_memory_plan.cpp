@@ -12,6 +12,31 @@
 namespace ember::train {
 namespace {
 
+// A plan for a CUDA device predicts with the CUDA kernels' workspace (Note [Dry-run targets]): its candidates' peaks
+// are those of estimate_step with a CUDA target, under the same policy.
+TEST(MemoryPlan, ACudaPlanPredictsWithTheCudaTarget) {
+  PlanOptions o;
+  o.model = "gpt";
+  o.batch = 8;
+  o.budget_bytes = int64_t{1} << 40;
+  o.amps = {"autocast-bf16"};
+  o.checkpoints = {"none"};
+  o.max_grad_accum = 1;
+  o.device = DeviceType::CUDA;
+  o.allocator = memory::AllocatorConfig{};
+  const TrainingPlan plan = plan_training(o);
+  ASSERT_EQ(plan.candidates.size(), 1u);
+  EstimateOptions e;
+  e.model = "gpt";
+  e.batch = 8;
+  e.amp = "autocast-bf16";
+  e.allocator = memory::AllocatorConfig{};
+  e.target = MetaTarget::cuda();
+  EXPECT_EQ(plan.candidates[0].predicted_peak_allocated, estimate_step(e).peak_allocated_bytes);
+  e.target = MetaTarget::cpu();
+  EXPECT_LT(plan.candidates[0].predicted_peak_allocated, estimate_step(e).peak_allocated_bytes);
+}
+
 TEST(MemoryPlan, RanksCandidatesAndTheBestFitsWhenRun) {
   // The unconstrained fp32 step of the gpt config at batch 24, then a budget of 60% of its reserved peak (its
   // activations are most of the step's memory, so accumulation and checkpointing can bring it under).

@@ -2,7 +2,7 @@
 // meta tensors and in the order and for the lifetimes the CUDA entry point of its stub takes them, the scratch that
 // entry allocates from the caching allocator, and computes nothing. Registered with EMBER_REGISTER_CUDA_REPLAY in
 // every build, CUDA or not. Invariant: each replay mirrors the CUDA entry it names; tests/kernels/test_cuda_replay.cpp
-// holds the two to the same allocator peak on a GPU.
+// holds the replays to hand-computed bytes and, on a GPU, to the CUDA allocator's peak.
 #pragma once
 
 #include <cstdint>
