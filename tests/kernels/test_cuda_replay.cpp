@@ -8,6 +8,8 @@
 #include "ember/core/meta_scope.h"
 #include "ember/kernels/cuda/attention.h"
 #include "ember/kernels/cuda/device_info.h"
+#include "ember/kernels/ops_quant.h"
+#include "ember/kernels/ops_sparse.h"
 #include "ember/memory/alloc_config.h"
 #include "ember/memory/cuda_device.h"
 #include "tests/harness/op_harness.h"
@@ -254,6 +256,67 @@ TEST(CudaReplay, EmbeddingGradientSortsItsIndices) {
   EXPECT_EQ(cuda_rise(few, few_backward), r512(1024 * 8 * 4) + r512(4 * 1024 * 8) + 512);
 }
 
+// ---- layer norm, int8 and CSR -------------------------------------------------------------------------------------
+
+TEST(CudaReplay, LayerNormCopiesAStridedWeight) {
+  const Op norm = [](const std::vector<Tensor>& in) {
+    return ops::layer_norm_with_stats(in[0], Shape{8}, in[1], in[2]).out;
+  };
+  const Make contiguous = [](Device d) {
+    return std::vector<Tensor>{input({4, 8}, DType::f32, d), input({8}, DType::f32, d), input({8}, DType::f32, d)};
+  };
+  const Make strided = [](Device d) {
+    return std::vector<Tensor>{input({4, 8}, DType::f32, d), input({16}, DType::f32, d).slice(0, 0, 16, 2),
+                               input({8}, DType::f32, d)};
+  };
+  const int64_t outputs = 3 * 512;  // out [4, 8], mean and rstd [4]
+  EXPECT_EQ(cuda_rise(contiguous, norm), outputs);
+  EXPECT_EQ(cuda_rise(strided, norm), outputs + 512);  // the weight's contiguous [8] copy
+}
+
+TEST(CudaReplay, Int8LinearsTakeTilesAndQuantizedActivations) {
+  // x [64, 300] f16 @ (q [200, 300] i8 * scale)^T: one tile of min(300, 131072) columns x min(131072 / 300, 200)
+  // rows of f16 = 200 x 300 x 2 bytes.
+  const Make weight_in = [](Device d) {
+    return std::vector<Tensor>{input({64, 300}, DType::f16, d), empty({200, 300}, TensorOptions(DType::i8, d)),
+                               input({200}, DType::f32, d)};
+  };
+  const Op weight_linear = [](const std::vector<Tensor>& in) { return ops::int8_weight_linear(in[0], in[1], in[2]); };
+  const int64_t scale_cast = 0;  // the f32 scale is used as it is for an f16 x
+  EXPECT_EQ(cuda_rise(weight_in, weight_linear), scale_cast + r512(64 * 200 * 2) + r512(200 * 300 * 2));
+  // Dynamic int8 x int8: the error record, the activation scale, then the whole x [64, 300] in int8.
+  const Make dynamic_in = [](Device d) {
+    return std::vector<Tensor>{input({64, 300}, DType::f32, d), empty({200, 300}, TensorOptions(DType::i8, d)),
+                               input({200}, DType::f32, d)};
+  };
+  const Op dynamic = [](const std::vector<Tensor>& in) { return ops::int8_dynamic_linear(in[0], in[1], in[2]); };
+  EXPECT_EQ(cuda_rise(dynamic_in, dynamic), r512(64 * 200 * 4) + 512 + 512 + r512(64 * 300));
+}
+
+TEST(CudaReplay, CsrProductsConvertNarrowIndicesForCusparse) {
+  const auto csr = [](Device d, DType col_dtype) {
+    CsrMatrix w;
+    w.rows = 64;
+    w.cols = 32;
+    w.values = empty({500}, TensorOptions(DType::f32, d));
+    w.col_indices = empty({500}, TensorOptions(col_dtype, d));
+    w.row_ptr = empty({65}, TensorOptions(DType::i32, d));
+    return w;
+  };
+  for (DType col : {DType::i16, DType::i32}) {
+    SCOPED_TRACE(dtype_name(col));
+    MetaAllocationScope scope(memory::AllocatorConfig{}, MetaTarget::cuda());
+    const CsrMatrix w = csr(Device::meta(), col);
+    const Tensor x = empty({16, 32}, TensorOptions(DType::f32, Device::meta()));
+    memory::Allocator& a = scope.allocator();
+    a.reset_peak_stats();
+    const int64_t before = a.stats().allocated_bytes;
+    { const Tensor out = ops::csr_linear(x, w); }
+    // out [16, 64] f32, and for i16 column indices their i32 copy (cuSPARSE takes i32 or i64 indices).
+    EXPECT_EQ(a.stats().peak_allocated_bytes - before, 16 * 64 * 4 + (col == DType::i16 ? r512(500 * 4) : 0));
+  }
+}
+
 // ---- the same ops measured on a GPU -------------------------------------------------------------------------------
 
 class CudaReplayOnDevice : public ::testing::TestWithParam<Device> {};
@@ -352,7 +415,50 @@ TEST_P(CudaReplayOnDevice, ReplaysMatchTheCudaAllocatorsPeak) {
           return std::vector<Tensor>{input({n, 8}, DType::f32, d), index_input({n}, 50304, d)};
         },
         [](const std::vector<Tensor>& in) { return ops::embedding_backward(in[0], in[1], 50304); });
+  expect_replay_matches(
+      "whole-tensor sum (CUB)", [](Device d) { return std::vector<Tensor>{input({1 << 18}, DType::f32, d)}; },
+      [](const std::vector<Tensor>& in) { return ops::sum(in[0]); });
+  expect_replay_matches(
+      "layer norm, strided weight",
+      [](Device d) {
+        return std::vector<Tensor>{input({64, 128}, DType::f32, d), input({256}, DType::f32, d).slice(0, 0, 256, 2),
+                                   input({128}, DType::f32, d)};
+      },
+      [](const std::vector<Tensor>& in) { return ops::layer_norm_with_stats(in[0], Shape{128}, in[1], in[2]).out; });
+  expect_replay_matches(
+      "embedding",
+      [](Device d) {
+        return std::vector<Tensor>{input({1000, 16}, DType::f32, d), index_input({300}, 1000, d)};
+      },
+      [](const std::vector<Tensor>& in) { return ops::embedding(in[0], in[1]); });
+  expect_replay_matches(
+      "int8 weight linear",
+      [](Device d) {
+        return std::vector<Tensor>{input({64, 300}, DType::f16, d), input({200, 300}, DType::f32, d)};
+      },
+      [](const std::vector<Tensor>& in) {
+        const QuantizedPerChannel w = ops::quantize_per_channel_symmetric(in[1]);
+        return ops::int8_weight_linear(in[0], w.q, w.scale);
+      },
+      lt);
+  expect_replay_matches(
+      "conv2d forward and backward (cuDNN)",
+      [](Device d) {
+        return std::vector<Tensor>{input({8, 16, 20, 20}, DType::f16, d), input({32, 16, 3, 3}, DType::f16, d)};
+      },
+      [](const std::vector<Tensor>& in) {
+        const Tensor y = ops::conv2d(in[0], in[1]);
+        const Tensor gx = ops::conv2d_backward_input(y, in[1], in[0].sizes());
+        return ops::conv2d_backward_weight(y, in[0], in[1].sizes());
+      },
+      3 * 256 * kMiB);  // each pass's cuDNN workspace, at most kWorkspaceLimit in conv_cudnn.cpp
   for (bool flash : {false, true}) {
+    expect_replay_matches(
+        flash ? "flash attention forward" : "tiled attention forward",
+        [](Device d) {
+          return std::vector<Tensor>{input({2, 64, 192}, DType::bf16, d)};
+        },
+        [](const std::vector<Tensor>& in) { return ops::attention_qkv(in[0], 1, true).out; }, lt, flash);
     expect_replay_matches(
         flash ? "flash attention backward" : "tiled attention backward",
         [](Device d) {

@@ -1,7 +1,7 @@
-// Replays of the CUDA reduction, layer-norm backward and bias + GELU backward kernels' workspace (replay.h): partial
-// sums and CUB's temporary storage. Invariant: the reduction decides its path through cuda/reduce_plan.h, the same
-// code reduce.cu decides with; the row groups of the two backward kernels follow layer_norm_backward.cu and
-// bias_gelu.cu.
+// Replays of the CUDA reduction, layer-norm and bias + GELU backward kernels' workspace (replay.h): partial sums,
+// CUB's temporary storage and copies of strided layer-norm parameters. Invariant: the reduction decides its path
+// through cuda/reduce_plan.h, the same code reduce.cu decides with; the row groups of the two backward kernels follow
+// layer_norm_backward.cu and bias_gelu.cu.
 #include <algorithm>
 #include <array>
 
@@ -70,6 +70,21 @@ void reduce_replay(ReduceOp op, const Tensor& in, const Tensor& out, const std::
   if (plan.splits > 1) ws.take(n_out * plan.splits * (2 * acc + 8), DType::u8);
 }
 
+// softmax_layernorm.cu: a strided weight or bias is copied to a contiguous [cols] for the call (then nothing else).
+void add_layer_norm_replay(const Tensor& x, const Tensor& /*residual*/, const Tensor& weight, const Tensor& bias,
+                           double /*eps*/, const Tensor& /*sum*/, const Tensor& /*out*/, const Tensor& /*mean*/,
+                           const Tensor& /*rstd*/) {
+  if (x.size(0) == 0) return;
+  MetaWorkspace ws;
+  if (weight.defined() && !weight.is_contiguous()) ws.take(weight.numel(), weight.dtype());
+  if (bias.defined() && !bias.is_contiguous()) ws.take(bias.numel(), bias.dtype());
+}
+
+void layer_norm_replay(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps, const Tensor& out,
+                       const Tensor& mean, const Tensor& rstd) {
+  add_layer_norm_replay(x, Tensor(), weight, bias, eps, Tensor(), out, mean, rstd);
+}
+
 // layer_norm_backward.cu: the weight copied when strided, then [groups, cols] partial sums of each affine gradient.
 void layer_norm_backward_replay(const Tensor& g, const Tensor& x, const Tensor& weight, const Tensor& /*mean*/,
                                 const Tensor& /*rstd*/, const Tensor& /*grad_add*/, const Tensor& grad_x,
@@ -106,6 +121,8 @@ void bias_gelu_backward_replay(const Tensor& /*g*/, const Tensor& x, const Tenso
 }  // namespace
 
 EMBER_REGISTER_CUDA_REPLAY(reduce, reduce_replay);
+EMBER_REGISTER_CUDA_REPLAY(layer_norm, layer_norm_replay);
+EMBER_REGISTER_CUDA_REPLAY(add_layer_norm, add_layer_norm_replay);
 EMBER_REGISTER_CUDA_REPLAY(layer_norm_backward, layer_norm_backward_replay);
 EMBER_REGISTER_CUDA_REPLAY(bias_gelu_backward, bias_gelu_backward_replay);
 
