@@ -28,7 +28,7 @@ struct EstimateArgs {
   bool json = false;
   std::string device = "cpu";
   int sm_count = 0;  // 0: the device's where one is present, else 132
-  std::string attention, gemm_workspace = "0", conv_workspace = "0";
+  std::string attention, conv, gemm_workspace = "0", conv_workspace = "0";
 };
 
 // The target of the dry run (Note [Dry-run targets] in ember/core/meta_scope.h): a present GPU's SM count and
@@ -37,13 +37,13 @@ MetaTarget target_of(const EstimateArgs& a) {
   const int64_t gemm_ws = memory::parse_bytes(a.gemm_workspace, "--gemm-workspace");
   const int64_t conv_ws = memory::parse_bytes(a.conv_workspace, "--conv-workspace");
   if (a.device == "cpu") {
-    EMBER_CHECK(a.sm_count == 0 && a.attention.empty() && gemm_ws == 0 && conv_ws == 0, ValueError,
-                "estimate: --sm-count, --attention, --gemm-workspace and --conv-workspace describe a CUDA target; add "
-                "--device cuda");
+    EMBER_CHECK(a.sm_count == 0 && a.attention.empty() && a.conv.empty() && gemm_ws == 0 && conv_ws == 0,
+                ValueError, "estimate: --sm-count, --attention, --conv, --gemm-workspace and --conv-workspace describe "
+                "a CUDA target; add --device cuda");
     return MetaTarget::cpu();
   }
   MetaTarget t = MetaTarget::cuda();
-  if (a.sm_count == 0 || a.attention.empty()) {
+  if (a.sm_count == 0 || a.attention.empty() || a.conv.empty()) {
     try {
       t = train::meta_target_for(Device::cuda(0));
     } catch (const DeviceError&) {
@@ -52,6 +52,7 @@ MetaTarget target_of(const EstimateArgs& a) {
   }
   if (a.sm_count > 0) t.sm_count = a.sm_count;
   if (!a.attention.empty()) t.flash_attention = a.attention == "flash";
+  if (!a.conv.empty()) t.conv_im2col = a.conv == "im2col";
   t.gemm_workspace_bytes = gemm_ws;
   t.conv_workspace_bytes = conv_ws;
   return t;
@@ -102,6 +103,10 @@ void add_estimate_command(CLI::App& app) {
                   "cuda: attention path, tiled | flash (default: the GPU's, EMBER_ATTENTION, if one is present, else "
                   "tiled)")
       ->check(CLI::IsMember({"tiled", "flash"}));
+  cmd->add_option("--conv", args->conv,
+                  "cuda: convolution path, cudnn | im2col (default: the GPU's, EMBER_CONV, if one is present, else "
+                  "cudnn)")
+      ->check(CLI::IsMember({"cudnn", "im2col"}));
   cmd->add_option("--gemm-workspace", args->gemm_workspace,
                   "cuda: cuBLASLt workspace each product takes (e.g. 4MiB; default 0: not known without the GPU)");
   cmd->add_option("--conv-workspace", args->conv_workspace,

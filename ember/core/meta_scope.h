@@ -28,6 +28,8 @@ struct MetaTarget {
   bool flash_attention = false;         // CUDA: attention on the flash kernels where they apply (else the tiled path)
   int64_t gemm_workspace_bytes = 0;     // CUDA: cuBLASLt workspace each product call takes (0 to 32 MiB)
   int64_t conv_workspace_bytes = 0;     // CUDA: cuDNN workspace each convolution pass takes (0 to 256 MiB)
+  bool conv_im2col = false;             // CUDA: convolutions on the im2col path (EMBER_CONV=im2col, or no cuDNN)
+  int64_t im2col_chunk_bytes = int64_t{64} << 20;  // CUDA: the im2col path's column budget (set_im2col_chunk_bytes)
 
   static MetaTarget cpu() { return {}; }
   static MetaTarget cuda() {

@@ -27,6 +27,8 @@ const MetaTarget& checked_target(const MetaTarget& target) {
   EMBER_CHECK(target.device != DeviceType::Meta, ValueError, "MetaAllocationScope: a dry run stands in for the cpu "
               "or a cuda device, not for meta");
   EMBER_CHECK(target.sm_count >= 1, ValueError, "MetaAllocationScope: sm_count must be >= 1, got ", target.sm_count);
+  EMBER_CHECK(target.im2col_chunk_bytes >= 1, ValueError, "MetaAllocationScope: im2col_chunk_bytes must be >= 1, got ",
+              target.im2col_chunk_bytes);
   EMBER_CHECK(target.gemm_workspace_bytes >= 0 && target.conv_workspace_bytes >= 0, ValueError,
               "MetaAllocationScope: workspace assumptions must be >= 0 bytes, got gemm ", target.gemm_workspace_bytes,
               " and conv ", target.conv_workspace_bytes);

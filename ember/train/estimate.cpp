@@ -12,6 +12,7 @@
 #include "ember/core/generator.h"
 #include "ember/core/meta_scope.h"
 #include "ember/kernels/cuda/attention.h"
+#include "ember/kernels/cuda/conv.h"
 #include "ember/kernels/cuda/device_info.h"
 #include "ember/memory/address_only.h"
 #include "ember/memory/cpu_allocator.h"
@@ -74,6 +75,8 @@ MetaTarget meta_target_for(Device device) {
   t.sm_count = cuda::device_properties(device.index).sm_count;
   t.flash_attention = cuda::attention_strategy() == cuda::AttentionStrategy::Flash &&
                       cuda::device_properties(device.index).major >= 8;  // the flash kernels need sm_80
+  t.conv_im2col = cuda::conv_strategy() == cuda::ConvStrategy::Im2col;
+  t.im2col_chunk_bytes = cuda::im2col_chunk_bytes();
 #else
   EMBER_THROW(DeviceError, "meta_target_for: ", device.str(), ": ember was built without CUDA");
 #endif

@@ -2,11 +2,13 @@
 // MetaAllocationScope with a CUDA target takes its result and what the CUDA kernel takes — not the CPU kernel's
 // workspace. On the CPU the references are hand-computed byte counts of the CUDA kernels' scratch (kernels/cuda/);
 // on a GPU (the cuda/ instances) the reference is the CUDA allocator's measured high-water mark during the real op.
+#include <algorithm>
 #include <functional>
 #include <vector>
 
 #include "ember/core/meta_scope.h"
 #include "ember/kernels/cuda/attention.h"
+#include "ember/kernels/cuda/conv.h"
 #include "ember/kernels/cuda/device_info.h"
 #include "ember/kernels/ops_quant.h"
 #include "ember/kernels/ops_sparse.h"
@@ -256,6 +258,38 @@ TEST(CudaReplay, EmbeddingGradientSortsItsIndices) {
   EXPECT_EQ(cuda_rise(few, few_backward), r512(1024 * 8 * 4) + r512(4 * 1024 * 8) + 512);
 }
 
+TEST(CudaReplay, Im2colConvolutionsTakeColumnBatches) {
+  // x [4, 3, 10, 10] f16, weight [8, 3, 3, 3], no padding: out [4, 8, 8, 8]; rows = 27, plane = 64.
+  const Make make = [](Device d) {
+    return std::vector<Tensor>{input({4, 3, 10, 10}, DType::f16, d), input({8, 3, 3, 3}, DType::f16, d)};
+  };
+  MetaTarget im2col = MetaTarget::cuda();
+  im2col.conv_im2col = true;
+  im2col.im2col_chunk_bytes = 2 * 27 * 64 * 2;  // two images' f16 columns a batch
+  const Op forward = [](const std::vector<Tensor>& in) { return ops::conv2d(in[0], in[1]); };
+  const int64_t out = 4 * 8 * 64 * 2;
+  EXPECT_EQ(meta_rise(im2col, make, forward), out + r512(2 * 27 * 64 * 2));
+  EXPECT_EQ(cuda_rise(make, forward), out);  // cuDNN with its workspace assumed 0, operands as they are
+  // Input gradient of a 16-bit conv: the weight widened to f32 [8, 27], then per image batch f32 column gradients and
+  // grad_out widened to f32: (27 + 8) x 64 x 4 bytes an image, more than the budget, so one image a batch.
+  const Make grads = [](Device d) {
+    return std::vector<Tensor>{input({4, 8, 8, 8}, DType::f16, d), input({8, 3, 3, 3}, DType::f16, d),
+                               input({4, 3, 10, 10}, DType::f16, d)};
+  };
+  const Op input_grad = [](const std::vector<Tensor>& in) {
+    return ops::conv2d_backward_input(in[0], in[1], Shape{4, 3, 10, 10});
+  };
+  const int64_t per_image = (27 + 8) * 64 * 4, nb = std::max<int64_t>(1, im2col.im2col_chunk_bytes / per_image);
+  EXPECT_EQ(meta_rise(im2col, grads, input_grad),
+            r512(4 * 3 * 10 * 10 * 2) + r512(8 * 27 * 4) + r512(nb * 27 * 64 * 4) + r512(nb * 8 * 64 * 4));
+  // Weight gradient: per batch the f16 columns and grad_out packed as [O, images, plane].
+  const Op weight_grad = [](const std::vector<Tensor>& in) {
+    return ops::conv2d_backward_weight(in[0], in[2], Shape{8, 3, 3, 3});
+  };
+  const int64_t wb = std::max<int64_t>(1, im2col.im2col_chunk_bytes / ((27 + 8) * 64 * 2));
+  EXPECT_EQ(meta_rise(im2col, grads, weight_grad), r512(8 * 27 * 2) + r512(27 * wb * 64 * 2) + r512(8 * wb * 64 * 2));
+}
+
 // ---- layer norm, int8 and CSR -------------------------------------------------------------------------------------
 
 TEST(CudaReplay, LayerNormCopiesAStridedWeight) {
@@ -324,7 +358,7 @@ class CudaReplayOnDevice : public ::testing::TestWithParam<Device> {};
 // Real CUDA run against the replay, on the CUDA allocator's own policy; `library_slack` bounds what a library's
 // run-time choice adds (cuBLASLt's workspace, which a dry run assumes 0).
 void expect_replay_matches(const char* what, const Make& make, const Op& op, int64_t library_slack = 0,
-                           bool flash = false) {
+                           bool flash = false, bool conv_im2col = false) {
   SCOPED_TRACE(what);
   int64_t real = 0, replay = 0;
 #if defined(EMBER_WITH_CUDA)
@@ -340,6 +374,10 @@ void expect_replay_matches(const char* what, const Make& make, const Op& op, int
   MetaTarget t = MetaTarget::cuda();
   t.sm_count = ::ember::cuda::device_properties(0).sm_count;
   t.flash_attention = flash;
+  t.conv_im2col = conv_im2col;
+#if defined(EMBER_WITH_CUDA)
+  t.im2col_chunk_bytes = ::ember::cuda::im2col_chunk_bytes();
+#endif
   {
     MetaAllocationScope scope(memory::alloc_config_from_env(), t);
     const std::vector<Tensor> in = make(Device::meta());
@@ -452,6 +490,24 @@ TEST_P(CudaReplayOnDevice, ReplaysMatchTheCudaAllocatorsPeak) {
         return ops::conv2d_backward_weight(y, in[0], in[1].sizes());
       },
       3 * 256 * kMiB);  // each pass's cuDNN workspace, at most kWorkspaceLimit in conv_cudnn.cpp
+#if defined(EMBER_WITH_CUDA)
+  {
+    const ::ember::cuda::ConvStrategy before = ::ember::cuda::conv_strategy();
+    ::ember::cuda::set_conv_strategy(::ember::cuda::ConvStrategy::Im2col);
+    expect_replay_matches(
+        "conv2d forward and backward (im2col)",
+        [](Device d) {
+          return std::vector<Tensor>{input({8, 16, 20, 20}, DType::f16, d), input({32, 16, 3, 3}, DType::f16, d)};
+        },
+        [](const std::vector<Tensor>& in) {
+          const Tensor y = ops::conv2d(in[0], in[1]);
+          const Tensor gx = ops::conv2d_backward_input(y, in[1], in[0].sizes());
+          return ops::conv2d_backward_weight(y, in[0], in[1].sizes());
+        },
+        lt, false, true);
+    ::ember::cuda::set_conv_strategy(before);
+  }
+#endif
   for (bool flash : {false, true}) {
     expect_replay_matches(
         flash ? "flash attention forward" : "tiled attention forward",

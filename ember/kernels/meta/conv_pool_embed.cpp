@@ -1,7 +1,7 @@
 // Replays of the CUDA convolution, max-pool backward and embedding kernels' workspace (replay.h): cuDNN's operand
 // copies and workspace, the f32 accumulator of a 16-bit pool gradient, the index checks' flag and the embedding
-// gradient's radix sort. Invariant: the convolutions are replayed on cuDNN (the CUDA default where cuDNN is built
-// in), as conv_cudnn.cpp takes them when cuDNN has an algorithm for the shape.
+// gradient's radix sort. Invariant: the convolutions are replayed on the path the target names — cuDNN (the CUDA
+// default where it is built in) as conv_cudnn.cpp takes it when cuDNN has an algorithm for the shape, or im2col.
 #include <algorithm>
 
 #include "ember/kernels/meta/replay.h"
@@ -33,16 +33,88 @@ void replay_cudnn_pass(const Tensor& first, const Tensor& second) {
   if (current_meta_target().conv_workspace_bytes > 0) ws.take(current_meta_target().conv_workspace_bytes, DType::u8);
 }
 
+// ---- the im2col path (conv_im2col.cu) ------------------------------------------------------------------------------
+
+struct Im2colShape {
+  int64_t n, c, o, kg, rows, plane;  // rows: every group's C/groups x KH x KW; plane: OH x OW
+};
+
+Im2colShape im2col_shape(const Shape& x, const Shape& weight, const Shape& out) {
+  const int64_t kg = weight[1] * weight[2] * weight[3];
+  return {x[0], x[1], weight[0], kg, x[1] * weight[2] * weight[3], out[2] * out[3]};
+}
+
+// images_per_batch: as many images as keep `per_image` bytes of scratch each within the column budget, at least one.
+int64_t images_per_batch(int64_t per_image, int64_t n) {
+  return std::clamp<int64_t>(current_meta_target().im2col_chunk_bytes / std::max<int64_t>(1, per_image), 1,
+                             std::max<int64_t>(1, n));
+}
+
+DType accumulate_dtype(DType dt) { return is_reduced_float(dt) ? DType::f32 : dt; }
+
+// conv2d_typed: the weight as a contiguous [O, kg] (packed when strided), then columns for a batch of images.
+void replay_im2col_forward(const Tensor& x, const Tensor& weight, const Tensor& out) {
+  const Im2colShape s = im2col_shape(x.sizes(), weight.sizes(), out.sizes());
+  if (s.kg == 0) return;
+  const DType dt = x.dtype();
+  MetaWorkspace ws;
+  if (!weight.is_contiguous()) ws.take(s.o * s.kg, dt);
+  const int64_t nb = images_per_batch(s.rows * s.plane * itemsize(dt), s.n);
+  ws.take(nb * s.rows * s.plane, dt);
+  replay_gemm_workspace();
+}
+
+// input_grad_typed: the weight in the accumulation dtype (packed unless it is already that, contiguous), the column
+// gradients of a batch, and grad_out packed in that dtype unless it can be read as it is.
+void replay_im2col_input_grad(const Tensor& grad_out, const Tensor& weight, const Tensor& grad_x) {
+  const Im2colShape s = im2col_shape(grad_x.sizes(), weight.sizes(), grad_out.sizes());
+  const DType dt = grad_out.dtype(), acc = accumulate_dtype(dt);
+  const bool widen = acc != dt;
+  MetaWorkspace ws;
+  if (widen || !weight.is_contiguous()) ws.take(s.o * s.kg, acc);
+  const bool gout_view = !widen && grad_out.is_contiguous();
+  const int64_t nb = images_per_batch((s.rows * s.plane + (gout_view ? 0 : s.o * s.plane)) * itemsize(acc), s.n);
+  ws.take(nb * s.rows * s.plane, acc);
+  if (!gout_view) ws.take(nb * s.o * s.plane, acc);
+  replay_gemm_workspace();
+}
+
+// weight_grad_typed: a batch's columns and its grad_out packed as [O, images, plane].
+void replay_im2col_weight_grad(const Tensor& grad_out, const Tensor& x, const Tensor& grad_w) {
+  const Im2colShape s = im2col_shape(x.sizes(), grad_w.sizes(), grad_out.sizes());
+  const DType dt = grad_out.dtype();
+  const int64_t nb = images_per_batch((s.rows + s.o) * s.plane * itemsize(dt), s.n);
+  MetaWorkspace ws;
+  ws.take(s.rows * nb * s.plane, dt);
+  ws.take(s.o * nb * s.plane, dt);
+  replay_gemm_workspace();
+}
+
 void conv2d_replay(const Tensor& x, const Tensor& weight, const Tensor& /*bias*/, const Conv2dParams& /*p*/,
                    const Tensor& out) {
-  if (out.numel() > 0) replay_cudnn_pass(x, weight);
+  if (out.numel() == 0) return;
+  if (current_meta_target().conv_im2col)
+    replay_im2col_forward(x, weight, out);
+  else
+    replay_cudnn_pass(x, weight);
 }
 
 void conv2d_backward_replay(const Tensor& grad_out, const Tensor& x, const Tensor& weight, const Conv2dParams& /*p*/,
                             const Tensor& grad_x, const Tensor& grad_w) {
   if (grad_out.numel() == 0) return;  // the gradients are zero-filled
-  if (grad_x.defined() && grad_x.numel() > 0) replay_cudnn_pass(grad_out, weight);
-  if (grad_w.defined() && grad_w.numel() > 0) replay_cudnn_pass(grad_out, x);
+  const bool im2col = current_meta_target().conv_im2col;
+  if (grad_x.defined() && grad_x.numel() > 0) {
+    if (im2col)
+      replay_im2col_input_grad(grad_out, weight, grad_x);
+    else
+      replay_cudnn_pass(grad_out, weight);
+  }
+  if (grad_w.defined() && grad_w.numel() > 0) {
+    if (im2col)
+      replay_im2col_weight_grad(grad_out, x, grad_w);
+    else
+      replay_cudnn_pass(grad_out, x);
+  }
 }
 
 // pool.cu: the index check, then for f16/bf16 an f32 accumulator the size of grad_in (atomic adds in f32).
