@@ -479,32 +479,21 @@ TEST_P(CudaReplayOnDevice, ReplaysMatchTheCudaAllocatorsPeak) {
         return ops::int8_weight_linear(in[0], w.q, w.scale);
       },
       lt);
-  expect_replay_matches(
-      "conv2d forward and backward (cuDNN)",
-      [](Device d) {
-        return std::vector<Tensor>{input({8, 16, 20, 20}, DType::f16, d), input({32, 16, 3, 3}, DType::f16, d)};
-      },
-      [](const std::vector<Tensor>& in) {
-        const Tensor y = ops::conv2d(in[0], in[1]);
-        const Tensor gx = ops::conv2d_backward_input(y, in[1], in[0].sizes());
-        return ops::conv2d_backward_weight(y, in[0], in[1].sizes());
-      },
-      3 * 256 * kMiB);  // each pass's cuDNN workspace, at most kWorkspaceLimit in conv_cudnn.cpp
+  const Make conv_in = [](Device d) {
+    return std::vector<Tensor>{input({8, 16, 20, 20}, DType::f16, d), input({32, 16, 3, 3}, DType::f16, d)};
+  };
+  const Op conv_step = [](const std::vector<Tensor>& in) {
+    const Tensor y = ops::conv2d(in[0], in[1]);
+    const Tensor gx = ops::conv2d_backward_input(y, in[1], in[0].sizes());
+    return ops::conv2d_backward_weight(y, in[0], in[1].sizes());
+  };
+  // Each pass's cuDNN workspace is at most kWorkspaceLimit (conv_cudnn.cpp).
+  expect_replay_matches("conv2d forward and backward (cuDNN)", conv_in, conv_step, 3 * 256 * kMiB);
 #if defined(EMBER_WITH_CUDA)
   {
     const ::ember::cuda::ConvStrategy before = ::ember::cuda::conv_strategy();
     ::ember::cuda::set_conv_strategy(::ember::cuda::ConvStrategy::Im2col);
-    expect_replay_matches(
-        "conv2d forward and backward (im2col)",
-        [](Device d) {
-          return std::vector<Tensor>{input({8, 16, 20, 20}, DType::f16, d), input({32, 16, 3, 3}, DType::f16, d)};
-        },
-        [](const std::vector<Tensor>& in) {
-          const Tensor y = ops::conv2d(in[0], in[1]);
-          const Tensor gx = ops::conv2d_backward_input(y, in[1], in[0].sizes());
-          return ops::conv2d_backward_weight(y, in[0], in[1].sizes());
-        },
-        lt, false, true);
+    expect_replay_matches("conv2d forward and backward (im2col)", conv_in, conv_step, lt, false, true);
     ::ember::cuda::set_conv_strategy(before);
   }
 #endif
