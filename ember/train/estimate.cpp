@@ -102,13 +102,15 @@ MemoryEstimate estimate_step(const EstimateOptions& o) {
   return e;
 }
 
-MemoryEstimate estimate_peak(const std::function<void()>& build_and_step, const memory::AllocatorConfig& config) {
+MemoryEstimate estimate_peak(const std::function<void()>& build_and_step, const memory::AllocatorConfig& config,
+                             const MetaTarget& target) {
   EMBER_CHECK(static_cast<bool>(build_and_step), ValueError, "estimate_peak: no function to run");
   const auto t0 = Clock::now();
-  MetaAllocationScope scope(config);
+  MetaAllocationScope scope(config, target);
   build_and_step();
   const memory::AllocatorStats s = scope.allocator().stats();
   MemoryEstimate e;
+  e.device = device_type_name(target.device);
   e.steps = 0;
   e.peak_allocated_bytes = s.peak_allocated_bytes;
   e.peak_reserved_bytes = s.peak_reserved_bytes;

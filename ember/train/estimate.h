@@ -64,10 +64,12 @@ MetaTarget meta_target_for(Device device);
 // device's OutOfMemoryError when the policy's capacity is too small.
 MemoryEstimate estimate_step(const EstimateOptions& options);
 
-// The generic entry for user code: runs build_and_step inside a MetaAllocationScope with `config` and returns the
-// scope allocator's peaks. build_and_step should make its model, batch and optimizer on Device::meta() (or move
-// them there) and run its steps; meta tensors it lets escape keep counting until they die.
-MemoryEstimate estimate_peak(const std::function<void()>& build_and_step, const memory::AllocatorConfig& config);
+// The generic entry for user code: runs build_and_step inside a MetaAllocationScope with `config` and `target` (the
+// device whose kernels' workspace is replayed, Note [Dry-run targets]) and returns the scope allocator's peaks.
+// build_and_step should make its model, batch and optimizer on Device::meta() (or move them there) and run its steps;
+// meta tensors it lets escape keep counting until they die.
+MemoryEstimate estimate_peak(const std::function<void()>& build_and_step, const memory::AllocatorConfig& config,
+                             const MetaTarget& target = MetaTarget::cpu());
 
 // The same steps for real on the CPU, measured through memory::cpu_allocator(): its cache is emptied and its peaks
 // reset first, and the bytes allocated (reserved) before the task is built are subtracted, so the numbers mean what

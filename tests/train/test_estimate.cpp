@@ -169,6 +169,16 @@ TEST(Estimate, GenericEntryCountsWhatTheCallableAllocates) {
   EXPECT_EQ(e.peak_allocated_bytes, 8 * kMiB + 512);
   EXPECT_EQ(e.peak_reserved_bytes, 22 * kMiB);
   EXPECT_THROW(train::estimate_peak(nullptr, fixed), ValueError);
+  // Standing in for CUDA: the whole-tensor sum of 2^20 floats takes CUB's storage beside its output — 256 bytes for
+  // the accumulator and 132 SMs x 8 blocks x 5 double partials (+255): 42,751 bytes, a 43,008-byte block.
+  const train::MemoryEstimate on_cuda = train::estimate_peak(
+      [] {
+        const Tensor a = empty({1024, 1024}, TensorOptions(DType::f32, Device::meta()));
+        const Tensor c = ops::sum(a);
+      },
+      fixed, MetaTarget::cuda());
+  EXPECT_EQ(on_cuda.device, "cuda");
+  EXPECT_EQ(on_cuda.peak_allocated_bytes, 4 * kMiB + 512 + 43008);
 }
 
 TEST(Estimate, GenericEntryOnAUserModelMatchesARealRun) {
