@@ -11,6 +11,7 @@
 
 #include "ember/base/cuda_check.h"
 #include "ember/core/tensor.h"
+#include "ember/kernels/cuda/scratch_sizes.h"
 #include "ember/kernels/cuda/attention_flash.h"
 #include "ember/kernels/cuda/blas.h"
 #include "ember/kernels/cuda/block_reduce.cuh"
@@ -42,15 +43,14 @@ using ::ember::cuda::pack_aligned;
 // elements: gemm() requires the outputs of one call not to overlap (batch stride >= (M - 1) ldo + N), and the heads'
 // columns of out and grad_qkv interleave (head stride hd, row stride C or 3 C), while the rows of one head for
 // successive batch elements are T C (T 3 C) apart. So the heads are a loop and the batch elements the batch.
-// Size: the tiles are planned against kScratchBytes per buffer (forward one buffer, backward two): whole batch
-// elements (ni = T, nb = min(B, budget / T^2)) when one T x T matrix fits, else one batch element and ni = budget / T
-// query rows. Forward and backward plan the same tiles, so backward recomputes the scores with the same products.
+// Size: the tiles are planned against kAttentionTileBytes (scratch_sizes.h) per buffer (forward one buffer, backward
+// two): whole batch elements (ni = T, nb = min(B, budget / T^2)) when one T x T matrix fits, else one batch element
+// and ni = budget / T query rows. Forward and backward plan the same tiles, so backward recomputes the scores with the same products.
 // With ni < T, dv and dk (sums over the query rows) are accumulated over the row tiles: a tile adds (beta = 1) to
 // the key rows [0, w) that earlier tiles wrote and stores (beta = 0) the key rows [w, nk), where w = 0 for the first
 // tile, i0 for a later causal one (earlier tiles reached the keys < i0) and T for a later non-causal one (each tile
 // covers every key). So every key row is stored once before it is added to, and every element of grad_qkv is written:
 // the q columns by the tile holding the query row, the k and v columns by the first tile reaching the key row.
-constexpr int64_t kScratchBytes = int64_t{128} << 20;
 
 // Note [Attention precision]
 // gemm() takes one dtype for all its operands, so the scores come out in qkv's dtype: for f16/bf16 the product
@@ -277,9 +277,8 @@ struct TilePlan {
 };
 
 TilePlan plan_tiles(const Geometry& g) {
-  const int64_t budget = std::max<int64_t>(1, kScratchBytes / itemsize(g.dtype));  // elements per buffer
-  if (g.T <= budget / g.T) return {std::min(g.B, budget / (g.T * g.T)), g.T};
-  return {1, std::max<int64_t>(1, budget / g.T)};
+  const AttentionTiles t = attention_tiles(g.B, g.T, g.dtype);
+  return {t.nb, t.ni};
 }
 
 // Runs fn(tile) over every tile, heads outermost.

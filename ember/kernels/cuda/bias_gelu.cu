@@ -11,6 +11,7 @@
 #include <limits>
 
 #include "ember/base/cuda_check.h"
+#include "ember/kernels/cuda/scratch_sizes.h"
 #include "ember/kernels/cuda/bias_gelu_kernels.cuh"
 #include "ember/kernels/cuda/block_reduce.cuh"
 #include "ember/kernels/cuda/device_info.h"
@@ -29,8 +30,6 @@ using ::ember::cuda::Pack;
 using bias_gelu::bias_gelu_backward_pack_kernel;
 using bias_gelu::gelu_grad_at;
 using bias_gelu::kRowThreads;           // backward blocks: 32 columns x 8 row threads
-constexpr int64_t kRowsPerGroup = 256;  // backward: rows per partial sum, at least
-constexpr int64_t kMaxGroups = 64;      // ... and at most this many partial sums per column
 
 template <class A>
 __device__ __forceinline__ A gelu_at(A v, bool tanh_approx) {
@@ -147,7 +146,7 @@ void launch_backward(const Tensor& g, const Tensor& x, const Tensor& bias, bool 
   const T* pb = static_cast<const T*>(bias.raw_data());
   T* gx = grad_x.defined() ? static_cast<T*>(grad_x.raw_data()) : nullptr;
   // Groups of rows: from the sizes alone (not the device), so every device adds in the same order.
-  const int64_t groups = std::max<int64_t>(1, std::min(kMaxGroups, rows / kRowsPerGroup));
+  const int64_t groups = bias_gelu_backward_groups(rows);  // scratch_sizes.h
   const int64_t rows_per_group = (rows + groups - 1) / groups;
   // 16-byte packs where every operand allows them (bias_gelu_kernels.cuh: the same sums in the same order, so the
   // choice may depend on the device) and their V times fewer blocks still give every SM two.

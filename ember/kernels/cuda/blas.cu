@@ -20,6 +20,7 @@
 #include "ember/core/tensor.h"
 #include "ember/kernels/cuda/blas.h"
 #include "ember/kernels/cuda/library_check.h"
+#include "ember/kernels/cuda/scratch_sizes.h"
 #include "ember/kernels/cuda/tensor_iter.cuh"
 
 namespace ember::cuda {
@@ -62,7 +63,7 @@ namespace {
 // tests can tell the epilogue ran (the result is the same either way).
 
 constexpr uint64_t kWorkspaceLimit = uint64_t{32} << 20;  // bytes of cuBLASLt workspace an algorithm may ask for
-constexpr int64_t kMaxBatchPerCall = 63 * 1024;  // batches per cublasLtMatmul call (below the 65535 grid limit)
+constexpr int64_t kMaxBatchPerCall = ::ember::kernels::cuda::kGemmMaxBatchPerCall;  // per cublasLtMatmul call
 constexpr size_t kMaxCachedPlans = 4096;         // heuristic results kept before the cache starts over
 
 memory::StreamId stream_id(cudaStream_t s) { return static_cast<memory::StreamId>(reinterpret_cast<uintptr_t>(s)); }

@@ -12,6 +12,7 @@
 #include <utility>
 
 #include "ember/base/cuda_check.h"
+#include "ember/kernels/cuda/scratch_sizes.h"
 #include "ember/kernels/cuda/block_reduce.cuh"
 #include "ember/kernels/cuda/layer_norm_backward_kernels.cuh"
 #include "ember/kernels/cuda/stream.h"
@@ -32,8 +33,6 @@ constexpr int64_t kWarpMaxCols = 1024;  // rows up to this long: one warp each
 constexpr int kRowThreads = 128;        // 4 rows per block on the warp path
 constexpr int kBlockThreads = 512;      // one row per block otherwise
 constexpr int kColumnRowThreads = 8;    // column pass: blocks of 32 columns x 8 row threads
-constexpr int64_t kRowsPerGroup = 256;  // column pass: rows per partial sum, at least
-constexpr int64_t kMaxGroups = 64;      // ... and at most this many partial sums per column
 static_assert(kRowThreads % kWarpSize == 0 && kBlockThreads % kWarpSize == 0, "whole warps only");
 static_assert(kBlockThreads / kWarpSize <= kWarpSize, "block_all_reduce finishes in one warp");
 
@@ -45,12 +44,11 @@ using layer_norm_backward::Args;  // layer_norm_backward_kernels.cuh
 // the kernels below move one element per access through the row and column strides:
 //   grad_x   a warp per row of at most kWarpMaxCols columns, g and x read once into registers (the strided warp
 //            kernel reads them twice, the second time from the cache);
-//   affine   blocks of 32 packs of columns x 8 row threads over row groups of at least kPackGroupRows rows (at
-//            most kMaxGroups groups): V times fewer blocks than the strided pass's, so the groups are smaller to keep
-//            the device busy.
+//   affine   blocks of 32 packs of columns x 8 row threads over row groups of at least kLayerNormPackGroupRows
+//            rows (at most kLayerNormMaxGroups groups; scratch_sizes.h): V times fewer blocks than the strided
+//            pass's, so the groups are smaller to keep the device busy.
 // The sums come in another order than the strided kernels' (results may differ in the last bits); which pass runs
 // depends on the operands alone, never on the device.
-constexpr int64_t kPackGroupRows = 64;
 static_assert(kColumnRowThreads == reduce_pack::kRowThreads && kWarpSize == reduce_pack::kPackColumns,
               "the packed affine pass launches the strided pass's block shape");
 
@@ -191,8 +189,7 @@ void launch(const Args& a, const Tensor& grad_weight, const Tensor& grad_bias, D
   if (!grad_weight.defined() && !grad_bias.defined()) return;
   // Groups of rows: from the sizes alone (not the device), so every device adds in the same order.
   constexpr int64_t V = ::ember::cuda::Pack<T>::kSize;
-  const int64_t groups =
-      std::clamp<int64_t>(a.rows / (packed ? kPackGroupRows : kRowsPerGroup), int64_t{1}, kMaxGroups);
+  const int64_t groups = layer_norm_backward_groups(a.rows, packed);  // scratch_sizes.h
   const int64_t rows_per_group = (a.rows + groups - 1) / groups;
   const int64_t col_blocks = packed ? (a.cols / V + kWarpSize - 1) / kWarpSize : (a.cols + kWarpSize - 1) / kWarpSize;
   const dim3 grid(static_cast<unsigned int>(col_blocks), static_cast<unsigned int>(groups));

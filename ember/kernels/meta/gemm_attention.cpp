@@ -1,16 +1,15 @@
 // Replays of the CUDA GEMM and attention kernels' workspace (replay.h): bmm (cuda/matmul.cpp over cuda/blas.cu's
 // gemm()), attention and its backward (cuda/attention.cu: the tiled path's score tiles, the flash path's staging).
-// Invariant: the tiled path's tile plan is the one attention.cu's plan_tiles makes.
+// Invariant: the tiled path's tiles and the GEMM's batch split come from cuda/scratch_sizes.h, as the kernels' do.
 #include <algorithm>
 
+#include "ember/kernels/cuda/scratch_sizes.h"
 #include "ember/kernels/meta/replay.h"
 #include "ember/kernels/stubs.h"
 
 namespace ember::kernels::meta {
 
 namespace {
-
-constexpr int64_t kMaxBatchPerCall = 63 * 1024;  // blas.cu: batches per cublasLtMatmul call
 
 // prepare_operand in blas.cu: in place when one stride is unit and the other a valid leading dimension.
 bool in_place(int64_t batch, int64_t rows, int64_t cols, const GemmOperand& m) {
@@ -34,8 +33,6 @@ void bmm_replay(const Tensor& a, const Tensor& b, const Tensor& out, bool /*accu
 
 // ---- attention (cuda/attention.cu) -------------------------------------------------------------------------------
 
-constexpr int64_t kScratchBytes = int64_t{128} << 20;  // attention.cu: bytes per tile buffer
-
 struct Geometry {
   int64_t B, T, C, H;
 };
@@ -50,9 +47,8 @@ bool flash_applies(const Tensor& qkv, const Geometry& g) {
 
 // Elements of one tile buffer: plan_tiles in attention.cu.
 int64_t tile_elements(const Geometry& g, DType dtype) {
-  const int64_t budget = std::max<int64_t>(1, kScratchBytes / itemsize(dtype));
-  if (g.T <= budget / g.T) return std::min(g.B, budget / (g.T * g.T)) * g.T * g.T;
-  return std::max<int64_t>(1, budget / g.T) * g.T;
+  const auto t = ::ember::kernels::cuda::attention_tiles(g.B, g.T, dtype);
+  return t.nb * t.ni * g.T;
 }
 
 void attention_replay(const Tensor& qkv, int64_t n_head, bool /*causal*/, const Tensor& out, const Tensor& /*lse*/) {
@@ -102,7 +98,7 @@ void replay_gemm(DType dtype, int64_t batch, int64_t M, int64_t N, int64_t K, co
   MetaWorkspace ws;
   take_operand(ws, dtype, batch, M, K, a);
   take_operand(ws, dtype, batch, K, N, b);
-  for (int64_t b0 = 0; b0 < batch; b0 += kMaxBatchPerCall) replay_gemm_workspace();
+  for (int64_t b0 = 0; b0 < batch; b0 += ::ember::kernels::cuda::kGemmMaxBatchPerCall) replay_gemm_workspace();
 }
 
 EMBER_REGISTER_CUDA_REPLAY(bmm, bmm_replay);

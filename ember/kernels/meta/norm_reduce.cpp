@@ -1,11 +1,12 @@
 // Replays of the CUDA reduction, layer-norm and bias + GELU backward kernels' workspace (replay.h): partial sums,
 // CUB's temporary storage and copies of strided layer-norm parameters. Invariant: the reduction decides its path
-// through cuda/reduce_plan.h, the same code reduce.cu decides with; the row groups of the two backward kernels follow
-// layer_norm_backward.cu and bias_gelu.cu.
+// through cuda/reduce_plan.h and the backward kernels size their row groups through cuda/scratch_sizes.h, the same
+// code the kernels use.
 #include <algorithm>
 #include <array>
 
 #include "ember/kernels/cuda/reduce_plan.h"
+#include "ember/kernels/cuda/scratch_sizes.h"
 #include "ember/kernels/meta/replay.h"
 #include "ember/kernels/stubs.h"
 
@@ -100,7 +101,7 @@ void layer_norm_backward_replay(const Tensor& g, const Tensor& x, const Tensor& 
   const int64_t V = 16 / itemsize(xt);
   const bool packed = xt == g.dtype() && xt != DType::f64 && cols % V == 0 && g.stride(0) == cols && g.stride(1) == 1 &&
                       aligned(g, 16) && (!need_xhat || (x.stride(0) == cols && x.stride(1) == 1 && aligned(x, 16)));
-  const int64_t groups = std::clamp<int64_t>(rows / (packed ? 64 : 256), 1, 64);  // kPackGroupRows, kRowsPerGroup
+  const int64_t groups = rc::layer_norm_backward_groups(rows, packed);
   if (groups == 1) return;
   const DType acc = xt == DType::f64 ? DType::f64 : DType::f32;
   if (grad_weight.defined()) ws.take(groups * cols, acc);
@@ -112,7 +113,7 @@ void bias_gelu_backward_replay(const Tensor& /*g*/, const Tensor& x, const Tenso
                                const Tensor& grad_x, const Tensor& grad_bias) {
   const int64_t rows = x.size(0), cols = x.size(1);
   if (cols == 0 || (!grad_x.defined() && !grad_bias.defined())) return;
-  const int64_t groups = std::max<int64_t>(1, std::min<int64_t>(64, rows / 256));  // kMaxGroups, kRowsPerGroup
+  const int64_t groups = rc::bias_gelu_backward_groups(rows);
   if (!grad_bias.defined() || groups == 1) return;
   MetaWorkspace ws;
   ws.take(groups * cols, x.dtype() == DType::f64 ? DType::f64 : DType::f32);
