@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <limits>
 
 #include "ember/core/dtype.h"
@@ -62,6 +63,23 @@ TEST(Half, KnownBitPatterns) {
   EXPECT_TRUE(std::isnan(static_cast<float>(Half(std::nanf("")))));
   EXPECT_EQ(static_cast<float>(Half::from_bits(0x3555)), 0.333251953125f);
   EXPECT_EQ(static_cast<float>(Half::from_bits(0x8001)), -5.9604644775390625e-08f);
+}
+
+// Note [Half conversions on the device]: f16 -> float keeps a NaN's sign and payload and makes it quiet, as IEEE 754's
+// conversions (and the GPU after any float operation) do; infinities stay infinities.
+TEST(Half, NaNsWidenQuietWithTheirPayload) {
+  auto bits = [](uint16_t h) {
+    const float f = static_cast<float>(Half::from_bits(h));
+    uint32_t u;
+    std::memcpy(&u, &f, sizeof u);
+    return u;
+  };
+  EXPECT_EQ(bits(0x7c01), 0x7fc02000u);  // signalling, payload 1
+  EXPECT_EQ(bits(0xfd55), 0xffc00000u | (0x155u << 13));  // signalling, negative
+  EXPECT_EQ(bits(0x7e00), 0x7fc00000u);  // already quiet
+  EXPECT_EQ(bits(0x7fff), 0x7fffe000u);
+  EXPECT_EQ(bits(0x7c00), 0x7f800000u);  // +inf
+  EXPECT_EQ(bits(0xfc00), 0xff800000u);  // -inf
 }
 
 TEST(Half, RoundTripAllFiniteValues) {
