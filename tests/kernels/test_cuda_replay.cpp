@@ -171,10 +171,13 @@ TEST(CudaReplay, LongSequencesTileByQueryRows) {
 
 TEST(CudaReplay, BiasGradientSumsSplitOrPackByTheSmCount) {
   const Op sum0 = [](const std::vector<Tensor>& in) { return ops::sum(in[0], {0}); };
-  // [8192, 768] bf16 on 132 SMs: 3 column blocks x 64 groups < 264, so the split kernel: S = 44 splits of
-  // {float, float, int64} states per output.
-  const Make narrow = [](Device d) { return std::vector<Tensor>{input({8192, 768}, DType::bf16, d)}; };
-  EXPECT_EQ(cuda_rise(narrow, sum0), r512(768 * 2) + r512(768 * 44 * 16));
+  // [4096, 768] bf16 on 132 SMs: 3 column blocks x 4096 / 64 groups < 264, so the split kernel: 24 blocks of 32
+  // outputs want 1056 / 24 = 44 splits, capped at 4096 / (8 x 16) = 32, of {float, float, int64} states per output.
+  const Make narrow = [](Device d) { return std::vector<Tensor>{input({4096, 768}, DType::bf16, d)}; };
+  EXPECT_EQ(cuda_rise(narrow, sum0), r512(768 * 2) + r512(768 * 32 * 16));
+  // [8192, 768]: 128 groups of 64 rows would do; 264 / 3 = 88 groups give two blocks a SM, past the usual 64.
+  const Make tall = [](Device d) { return std::vector<Tensor>{input({8192, 768}, DType::bf16, d)}; };
+  EXPECT_EQ(cuda_rise(tall, sum0), r512(768 * 2) + r512(88 * 768 * 4));
   // [8192, 2304]: 9 x 64 blocks >= 264, the packed column sum with 64 groups of float partials.
   const Make wide = [](Device d) { return std::vector<Tensor>{input({8192, 2304}, DType::bf16, d)}; };
   EXPECT_EQ(cuda_rise(wide, sum0), r512(2304 * 2) + r512(64 * 2304 * 4));

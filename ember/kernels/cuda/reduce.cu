@@ -402,7 +402,7 @@ void cub_sum(const ReduceParams& p, const T* src, int64_t R, void* out, Device d
 // either kind. Taken when:
 //   columns  cols (the kept elements) a whole number of packs, the input 16-byte aligned, and blocks of 32 packs x
 //            row groups enough for two on every SM (16 warps, each thread with 4 loads in flight). The rows split into `groups` of at least kPackGroupRows rows
-//            (at most kPackMaxGroups), from the sizes alone; each group's column sums go to scratch [groups, cols] in
+//            (at most kPackMaxGroups, or as many as two blocks a SM need), from the sizes alone; each group's column sums go to scratch [groups, cols] in
 //            acc_t, added in group order by a second kernel (one group: stored directly).
 //   rows     the row length n a whole number of packs, at least one per lane, the input aligned, and rows enough
 //            for kPackMinRowWarps warps per SM: a warp per row.
