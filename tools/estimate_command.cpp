@@ -32,7 +32,7 @@ struct EstimateArgs {
 };
 
 // The target of the dry run (Note [Dry-run targets] in ember/core/meta_scope.h): a present GPU's SM count and
-// attention path unless the flags say otherwise; without one an H100's 132 SMs and the tiled path.
+// attention path unless the flags say otherwise; without one an H100's 132 SMs and the flash path.
 MetaTarget target_of(const EstimateArgs& a) {
   const int64_t gemm_ws = memory::parse_bytes(a.gemm_workspace, "--gemm-workspace");
   const int64_t conv_ws = memory::parse_bytes(a.conv_workspace, "--conv-workspace");
@@ -101,7 +101,7 @@ void add_estimate_command(CLI::App& app) {
       ->check(CLI::Range(1, 1 << 20));
   cmd->add_option("--attention", args->attention,
                   "cuda: attention path, tiled | flash (default: the GPU's, EMBER_ATTENTION, if one is present, else "
-                  "tiled)")
+                  "flash)")
       ->check(CLI::IsMember({"tiled", "flash"}));
   cmd->add_option("--conv", args->conv,
                   "cuda: convolution path, cudnn | im2col (default: the GPU's, EMBER_CONV, if one is present, else "

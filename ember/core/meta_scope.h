@@ -25,7 +25,7 @@ namespace ember {
 struct MetaTarget {
   DeviceType device = DeviceType::CPU;  // CPU or CUDA: whose kernels' workspace is replayed
   int sm_count = 132;                   // CUDA: streaming multiprocessors (an H100 or H200 SXM has 132)
-  bool flash_attention = false;         // CUDA: attention on the flash kernels where they apply (else the tiled path)
+  bool flash_attention = true;          // CUDA: attention on the flash kernels where they apply (else the tiled path)
   int64_t gemm_workspace_bytes = 0;     // CUDA: cuBLASLt workspace each product call takes (0 to 32 MiB)
   int64_t conv_workspace_bytes = 0;     // CUDA: cuDNN workspace each convolution pass takes (0 to 256 MiB)
   bool conv_im2col = false;             // CUDA: convolutions on the im2col path (EMBER_CONV=im2col, or no cuDNN)

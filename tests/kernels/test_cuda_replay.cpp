@@ -140,9 +140,11 @@ TEST(CudaReplay, AttentionTilesAndFlashStaging) {
   const Op forward = [](const std::vector<Tensor>& in) { return ops::attention_qkv(in[0], 1, true).out; };
   const int64_t out = r512(2 * 8 * 64 * 2), lse = r512(2 * 1 * 8 * 4);
   // Tiled: one buffer of nb x T x T scores (nb = B = 2 here) in qkv's dtype.
-  EXPECT_EQ(cuda_rise(make, forward), out + lse + r512(2 * 8 * 8 * 2));
-  MetaTarget flash = MetaTarget::cuda();
-  flash.flash_attention = true;
+  MetaTarget tiled = MetaTarget::cuda();
+  tiled.flash_attention = false;
+  EXPECT_EQ(meta_rise(tiled, make, forward), out + lse + r512(2 * 8 * 8 * 2));
+  const MetaTarget flash = MetaTarget::cuda();  // the default path, as in a CUDA run
+  EXPECT_TRUE(flash.flash_attention);
   EXPECT_EQ(meta_rise(flash, make, forward), out + lse);  // scores never stored
 
   const Make back_in = [](Device d) {
@@ -153,11 +155,12 @@ TEST(CudaReplay, AttentionTilesAndFlashStaging) {
     return ops::attention_qkv_backward(in[1], in[0], in[2], 1, true);
   };
   const int64_t grad_qkv = 2 * 8 * 192 * 2;
-  EXPECT_EQ(cuda_rise(back_in, backward), grad_qkv + 2 * r512(2 * 8 * 8 * 2));     // weights and their gradient
-  EXPECT_EQ(meta_rise(flash, back_in, backward), grad_qkv + r512(2 * 1 * 8 * 4));  // delta: B x H x T f32
+  EXPECT_EQ(meta_rise(tiled, back_in, backward), grad_qkv + 2 * r512(2 * 8 * 8 * 2));  // weights and their gradient
+  EXPECT_EQ(meta_rise(flash, back_in, backward), grad_qkv + r512(2 * 1 * 8 * 4));    // delta: B x H x T f32
   // Head size 48 is not a flash size: the tiled path under either setting.
   const Make odd = [](Device d) { return std::vector<Tensor>{input({1, 4, 144}, DType::bf16, d)}; };
-  EXPECT_EQ(meta_rise(flash, odd, forward), cuda_rise(odd, forward));
+  EXPECT_EQ(meta_rise(flash, odd, forward), meta_rise(tiled, odd, forward));
+  EXPECT_EQ(meta_rise(flash, odd, forward), r512(4 * 48 * 2) + r512(4 * 4) + r512(4 * 4 * 2));
 }
 
 TEST(CudaReplay, LongSequencesTileByQueryRows) {

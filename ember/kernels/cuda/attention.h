@@ -18,7 +18,7 @@ const char* attention_strategy_name(AttentionStrategy s);
 // The strategy a name spells (case-insensitive "tiled" or "flash"); ConfigError for anything else, naming `what`.
 AttentionStrategy parse_attention_strategy(const char* name, const char* what);
 // The path in use: EMBER_ATTENTION=tiled|flash sets the initial value (read on first use; ConfigError for any other
-// value); without it, tiled. Under Flash, a call the flash kernels do not cover (dtype, head size, alignment, an
+// value); without it, flash. Under Flash, a call the flash kernels do not cover (dtype, head size, alignment, an
 // older GPU) runs on the tiled path. A backward runs the path its forward ran as long as the strategy is not changed
 // in between (the tiled path rounds the scores to 16 bits before lse, the flash path does not, so mixing them gives
 // weights that sum to 1 only within that rounding).

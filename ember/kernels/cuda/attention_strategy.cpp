@@ -20,7 +20,7 @@ std::atomic<int64_t> g_flash_calls{0};
 
 AttentionStrategy strategy_from_env() {
   const char* env = std::getenv("EMBER_ATTENTION");
-  if (env == nullptr || *env == '\0') return AttentionStrategy::Tiled;
+  if (env == nullptr || *env == '\0') return AttentionStrategy::Flash;  // falls back to tiled where it does not apply
   return parse_attention_strategy(env, "EMBER_ATTENTION");
 }
 
