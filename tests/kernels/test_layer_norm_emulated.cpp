@@ -1,10 +1,12 @@
 // The CUDA layer norm warp kernels (ember/kernels/cuda/layer_norm_kernels.cuh) run on the CPU under the SIMT emulator
 // (tests/harness/simt_emulator.h), against float64 loops: mean, rstd, out and, for the fused residual add, sum, for
-// f32 and bf16 rows of 64 to 1024 columns, with and without weight, bias and residual; the packed kernel (16-byte
-// rows) and the scalar one on the same inputs. Outputs are NaN-poisoned first. The same kernels on a GPU are checked
+// f32 and bf16 rows of 64 to 1024 columns, with and without weight, bias and residual (of x's dtype, or bf16/f16 into
+// an f32 x, as GPT-2's residual stream under autocast); the packed kernel (16-byte rows) and the scalar one on the
+// same inputs. Outputs are NaN-poisoned first. The same kernels on a GPU are checked
 // by LayerNormTest and AddLayerNormTest.
 #include <cmath>
 #include <limits>
+#include <string>
 #include <vector>
 
 #include "tests/harness/simt_emulator.h"
@@ -39,15 +41,16 @@ double max_normalised(const std::vector<T>& got, const std::vector<double>& want
   return ref > 0 ? diff / ref : diff;
 }
 
-template <class T>
+template <class T, class R = T>
 void check_layer_norm(int64_t rows, int64_t cols, bool affine, bool residual, bool packed) {
   using A = op_math_t<T>;
-  SCOPED_TRACE(::testing::Message() << (std::is_same_v<T, float> ? "f32" : "bf16") << " [" << rows << ", " << cols
-                                    << "]" << (affine ? " affine" : "") << (residual ? " residual" : "")
+  SCOPED_TRACE(::testing::Message() << dtype_name(dtype_of<T>::value) << " [" << rows << ", " << cols << "]"
+                                    << (affine ? " affine" : "")
+                                    << (residual ? std::string(" residual ") + dtype_name(dtype_of<R>::value) : "")
                                     << (packed ? " packed" : " scalar"));
   const size_t n = static_cast<size_t>(rows * cols);
   const std::vector<T> x = random_row_major<T>(n, 5u + static_cast<uint32_t>(cols));
-  const std::vector<T> res = random_row_major<T>(n, 9u + static_cast<uint32_t>(cols));
+  const std::vector<R> res = random_row_major<R>(n, 9u + static_cast<uint32_t>(cols));
   const std::vector<T> w = random_row_major<T>(static_cast<size_t>(cols), 13u);
   const std::vector<T> b = random_row_major<T>(static_cast<size_t>(cols), 17u);
   const T poison = T(std::numeric_limits<float>::quiet_NaN());
@@ -70,14 +73,14 @@ void check_layer_norm(int64_t rows, int64_t cols, bool affine, bool residual, bo
     a.residual = res.data();
     a.res_row_stride = cols;
     a.res_col_stride = 1;
-    a.res_dtype = dtype_of<T>::value;
+    a.res_dtype = dtype_of<R>::value;
     a.sum = sum.data();
   }
   ASSERT_TRUE(kc::layer_norm_pack_applies<T>(a)) << "contiguous aligned rows of whole packs";
   constexpr int64_t per_block = kc::kWarpThreads / kc::kWarpSize;
   const auto blocks = static_cast<unsigned>((rows + per_block - 1) / per_block);
   if (packed)
-    simt::launch(blocks, kc::kWarpThreads, [&] { kc::layer_norm_warp_pack_kernel<T>(a); });
+    simt::launch(blocks, kc::kWarpThreads, [&] { kc::layer_norm_warp_pack_kernel<T, R>(a); });
   else
     simt::launch(blocks, kc::kWarpThreads, [&] { kc::layer_norm_warp_kernel<T>(a); });
 
@@ -125,7 +128,40 @@ TEST(LayerNormEmulatedTest, PackedAndScalarWarpKernelsMatchFloat64) {
         check_layer_norm<float>(3, 68, affine, residual, packed);
         check_layer_norm<BFloat16>(6, 768, affine, residual, packed);
         check_layer_norm<BFloat16>(2, 64, affine, residual, packed);
+        if (residual) {
+          check_layer_norm<float, BFloat16>(5, 768, affine, true, packed);
+          check_layer_norm<float, Half>(3, 68, affine, true, packed);
+        }
       }
+}
+
+TEST(LayerNormEmulatedTest, PackedResidualNeedsItsAlignment) {
+  // A 16-bit residual of an f32 x is read in 8-byte packs: a residual 2 bytes off that takes the scalar kernel, and so
+  // does one of another 16-bit dtype than f16/bf16's pairing with f32 (a bf16 x's residual must be bf16).
+  std::vector<float> x(64), out(64), sum(64), mean(1), rstd(1);
+  std::vector<BFloat16> res(65);
+  kc::LayerNormArgs a{};
+  a.x = x.data();
+  a.rows = 1;
+  a.cols = 64;
+  a.row_stride = 64;
+  a.col_stride = 1;
+  a.out = out.data();
+  a.mean = mean.data();
+  a.rstd = rstd.data();
+  a.residual = res.data();
+  a.res_row_stride = 64;
+  a.res_col_stride = 1;
+  a.res_dtype = DType::bf16;
+  a.sum = sum.data();
+  EXPECT_TRUE(kc::layer_norm_pack_applies<float>(a));
+  a.residual = res.data() + 1;
+  EXPECT_FALSE(kc::layer_norm_pack_applies<float>(a));
+  a.residual = res.data();
+  a.res_dtype = DType::f64;
+  EXPECT_FALSE(kc::layer_norm_pack_applies<float>(a));
+  a.res_dtype = DType::f16;
+  EXPECT_FALSE(kc::layer_norm_pack_applies<BFloat16>(a));
 }
 
 }  // namespace

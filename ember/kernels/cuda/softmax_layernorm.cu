@@ -276,6 +276,22 @@ void launch_softmax(const char* op, const Tensor& in, const Tensor& out, int64_t
   }
 }
 
+// The packed kernel for the residual's dtype (layer_norm_pack_applies<T>(a) holds).
+template <class T>
+void launch_layer_norm_warp_pack(const LayerNormArgs& a, unsigned int blocks, cudaStream_t stream) {
+  if constexpr (std::is_same_v<T, float>) {
+    if (a.residual != nullptr && a.res_dtype == DType::bf16) {
+      layer_norm_warp_pack_kernel<float, BFloat16><<<blocks, kWarpThreads, 0, stream>>>(a);
+      return;
+    }
+    if (a.residual != nullptr && a.res_dtype == DType::f16) {
+      layer_norm_warp_pack_kernel<float, Half><<<blocks, kWarpThreads, 0, stream>>>(a);
+      return;
+    }
+  }
+  layer_norm_warp_pack_kernel<T><<<blocks, kWarpThreads, 0, stream>>>(a);
+}
+
 template <class T>
 void launch_layer_norm(const Tensor& x, const Tensor& residual, const Tensor& sum, const Tensor& weight,
                        const Tensor& bias, double eps, const Tensor& out, const Tensor& mean, const Tensor& rstd,
@@ -309,7 +325,7 @@ void launch_layer_norm(const Tensor& x, const Tensor& residual, const Tensor& su
     EMBER_CHECK(blocks <= std::numeric_limits<int32_t>::max(), ShapeError, "layer_norm: ", a.rows,
                 " rows exceed the CUDA kernel's grid");
     if (layer_norm_pack_applies<T>(a))
-      layer_norm_warp_pack_kernel<T><<<static_cast<unsigned int>(blocks), kWarpThreads, 0, stream>>>(a);
+      launch_layer_norm_warp_pack<T>(a, static_cast<unsigned int>(blocks), stream);
     else
       layer_norm_warp_kernel<T><<<static_cast<unsigned int>(blocks), kWarpThreads, 0, stream>>>(a);
     EMBER_CUDA_LAUNCH_CHECK();
