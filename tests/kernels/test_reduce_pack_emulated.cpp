@@ -98,6 +98,7 @@ TEST(ReducePackEmulatedTest, ColumnSumsMatchFloat64) {
   check_columns<float>(129, 264, 2, true, 3u);     // a mean over groups of 65 and 64 rows
   check_columns<BFloat16>(45, 264, 1, false, 4u);  // 33 packs of 8
   check_columns<BFloat16>(200, 520, 4, true, 5u);  // 65 packs over three column blocks, four groups
+  check_columns<float>(10, 8, 6, false, 10u);       // groups of 2 rows, the last one empty (as past kPackMaxGroups)
 }
 
 TEST(ReducePackEmulatedTest, RowSumsMatchFloat64) {

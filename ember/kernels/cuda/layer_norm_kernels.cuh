@@ -229,7 +229,8 @@ __global__ void __launch_bounds__(kWarpThreads) layer_norm_warp_pack_kernel(Laye
   using P = Pack<T>;
   constexpr int V = P::kSize;
   using RP = ResidualPack<R, V>;
-  static_assert(std::is_same_v<R, T> || (std::is_same_v<T, float> && sizeof(R) == 2), "residual: T, or 16-bit into f32");
+  static_assert(std::is_same_v<R, T> || (std::is_same_v<T, float> && sizeof(R) == 2),
+                "residual: T, or 16-bit into f32");
   constexpr int kPacks = kWarpPerLane / V;  // per lane: kWarpMaxCols elements over 32 lanes
   const int lane = static_cast<int>(threadIdx.x) % kWarpSize;
   const int64_t row = static_cast<int64_t>(blockIdx.x) * (blockDim.x / kWarpSize) + threadIdx.x / kWarpSize;

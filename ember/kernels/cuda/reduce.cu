@@ -401,13 +401,16 @@ void cub_sum(const ReduceParams& p, const T* src, int64_t R, void* out, Device d
 // one element per thread and access and computes its offset through the dims' calculator. Dims of size 1 count as
 // either kind. Taken when:
 //   columns  cols (the kept elements) a whole number of packs, the input 16-byte aligned, and blocks of 32 packs x
-//            row groups enough for two on every SM (16 warps, each thread with 4 loads in flight). The rows split into `groups` of at least kPackGroupRows rows
-//            (at most kPackMaxGroups, or as many as two blocks a SM need), from the sizes alone; each group's column sums go to scratch [groups, cols] in
-//            acc_t, added in group order by a second kernel (one group: stored directly).
+//            row groups enough for two on every SM (16 warps, each thread with 4 loads in flight). The rows split into
+//            `groups` of ceil(rows / groups) rows: R / kPackGroupRows groups, at most kPackMaxGroups, or past that as
+//            many as two blocks a SM need (then the last groups may be empty: they store zeros). Each group's column
+//            sums go to scratch [groups, cols] in acc_t, added in group order by a second kernel (one group: stored
+//            directly).
 //   rows     the row length n a whole number of packs, at least one per lane, the input aligned, and rows enough
 //            for kPackMinRowWarps warps per SM: a warp per row.
-// The additions keep acc_t (Note [Reduction accumulator]) in an order fixed by the sizes; the result may differ from
-// reduce_kernel's in the last bits (another summation order), never in accuracy class.
+// The additions keep acc_t (Note [Reduction accumulator]) in an order fixed by the sizes and the SM count (which picks
+// the kernel and, past kPackMaxGroups, the groups); the result may differ from reduce_kernel's, or between GPUs of
+// other SM counts, in the last bits (another summation order), never in accuracy class.
 
 static_assert(kPackColumnsPerBlock == reduce_pack::kPackColumns, "reduce_plan.h's column blocks are the kernel's");
 

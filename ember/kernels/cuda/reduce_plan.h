@@ -117,6 +117,7 @@ inline int64_t packed_column_blocks(int64_t cols, int V) {
 // every SM (the sum then runs on reduce_kernel).
 inline int64_t packed_column_groups(int64_t cols, int64_t R, int V, int64_t sm_count) {
   const int64_t col_blocks = packed_column_blocks(cols, V);
+  if (col_blocks == 0) return 0;  // fewer columns than a pack
   // Past kPackMaxGroups only as far as two blocks a SM need: a narrow bf16 bias gradient ([65536, 1024]: 4 column
   // blocks) ran on reduce_kernel at 20% of a copy on an H100, where f32's 8 column blocks x 64 groups reached 94%.
   const int64_t most = std::max(kPackMaxGroups, (2 * sm_count + col_blocks - 1) / col_blocks);
